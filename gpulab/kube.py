@@ -1,0 +1,35 @@
+"""Loading a Kubernetes API client from a kubeconfig (the one place that does it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kubernetes import client, config
+
+
+class KubeconfigError(RuntimeError):
+    pass
+
+
+def default_kubeconfig() -> Path | None:
+    """$KUBECONFIG, else the running local-backend cluster's kubeconfig, else ~/.kube/config."""
+    if os.environ.get("KUBECONFIG"):
+        return Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
+    from harness.state import default_cluster_kubeconfig
+
+    local = default_cluster_kubeconfig()
+    if local is not None and local.exists():
+        return local
+    home = Path.home() / ".kube" / "config"
+    return home if home.exists() else None
+
+
+def api_client(kubeconfig: str | Path | None = None) -> client.ApiClient:
+    path = Path(kubeconfig) if kubeconfig else default_kubeconfig()
+    if path is None or not path.exists():
+        raise KubeconfigError(
+            f"no kubeconfig at {path or '$KUBECONFIG / ~/.kube/config'}; "
+            "run `gpulab up` first or pass --kubeconfig"
+        )
+    return config.new_client_from_config(config_file=str(path))

@@ -1,0 +1,234 @@
+"""The call-chain trace every component writes (DESIGN.md section 4).
+
+One step of an upstream call chain (``ListAndWatch``, ``Allocate``, ``Filter``, ``Bind``,
+``Reconcile`` ...) becomes
+- a Kubernetes Event (events.k8s.io/v1) on the object concerned, with ``reason`` = the
+  step and ``reportingController`` = the component, so ``kubectl get events`` tells the
+  story on any backend, and
+- one JSON log line on stderr with the same fields plus the detail.
+
+Events are posted from a background thread: a component's hot path (an extender's
+``/filter``, a plugin's ``Allocate``) never waits for the API server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+_log = logging.getLogger("gpulab.trace")
+
+# events.k8s.io/v1 limits `note` to 1 kB.
+_NOTE_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """What an Event is about (the `regarding` field)."""
+
+    kind: str
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+    api_version: str = "v1"
+
+    @classmethod
+    def of(cls, obj: Any) -> ObjectRef:
+        """Build a reference from a kubernetes-client model or a plain dict."""
+        if isinstance(obj, Mapping):
+            meta = obj.get("metadata", {})
+            return cls(
+                kind=obj.get("kind", ""),
+                name=meta.get("name", ""),
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
+                api_version=obj.get("apiVersion", "v1"),
+            )
+        meta = obj.metadata
+        return cls(
+            kind=obj.kind or type(obj).__name__.removeprefix("V1"),
+            name=meta.name,
+            namespace=meta.namespace,
+            uid=meta.uid,
+            api_version=obj.api_version or "v1",
+        )
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.kind} {where}{self.name}"
+
+
+class Tracer:
+    """Records call-chain steps for one component.
+
+    ``api`` may be None (unit tests, a component running without a cluster): then only
+    the JSON log line is written.
+    """
+
+    def __init__(
+        self,
+        component: str,
+        api: client.ApiClient | None = None,
+        instance: str | None = None,
+        stream: Any = None,
+    ) -> None:
+        self.component = component
+        self.instance = instance or component
+        self._stream = stream or sys.stderr
+        self._events = client.EventsV1Api(api) if api is not None else None
+        self._queue: queue.Queue[client.EventsV1Event] = queue.Queue(maxsize=10_000)
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def step(
+        self,
+        step: str,
+        regarding: ObjectRef | None,
+        message: str,
+        *,
+        warning: bool = False,
+        **detail: Any,
+    ) -> None:
+        """Record one step: a JSON log line now, an Event soon after."""
+        now = dt.datetime.now(dt.UTC)
+        line = {
+            "ts": now.isoformat(timespec="milliseconds"),
+            "component": self.component,
+            "step": step,
+            "object": str(regarding) if regarding else None,
+            "message": message,
+        }
+        line.update(detail)
+        self._stream.write(json.dumps(line, default=str) + "\n")
+        self._stream.flush()
+        if self._events is None or regarding is None:
+            return
+        event = self._event(step, regarding, message, warning, now)
+        self._ensure_worker()
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            _log.warning("trace queue full; dropping Event %s for %s", step, regarding)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until every queued Event has been posted (demos and tests call this)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _ensure_worker(self) -> None:
+        with self._lock:
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._run, name=f"trace-{self.component}", daemon=True
+                )
+                self._worker.start()
+
+    def _run(self) -> None:
+        assert self._events is not None
+        while True:
+            event = self._queue.get()
+            try:
+                self._events.create_namespaced_event(event.metadata.namespace, event)
+            except ApiException as exc:
+                _log.warning("could not post Event %s: %s %s", event.reason, exc.status, exc.reason)
+            except Exception as exc:  # the API server may be gone; never kill the component
+                _log.warning("could not post Event %s: %s", event.reason, exc)
+            finally:
+                self._queue.task_done()
+
+    def _event(
+        self, step: str, ref: ObjectRef, message: str, warning: bool, now: dt.datetime
+    ) -> client.EventsV1Event:
+        # Cluster-scoped objects (Node, ClusterQueue ...) get their Events in "default",
+        # as kubelet does for Node events.
+        namespace = ref.namespace or "default"
+        return client.EventsV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{ref.name}.".lower()[:200], namespace=namespace
+            ),
+            event_time=now,
+            reporting_controller=f"gpulab.io/{self.component}",
+            reporting_instance=self.instance[:128],
+            action=step,
+            reason=step,
+            type="Warning" if warning else "Normal",
+            note=message[:_NOTE_LIMIT],
+            regarding=client.V1ObjectReference(
+                kind=ref.kind,
+                name=ref.name,
+                namespace=ref.namespace,
+                uid=ref.uid,
+                api_version=ref.api_version,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One Event as the reader sees it, whoever wrote it (our components or upstream)."""
+
+    time: dt.datetime
+    component: str
+    step: str
+    regarding: str
+    note: str
+    warning: bool
+
+
+def _to_trace_event(ev: client.EventsV1Event) -> TraceEvent:
+    reg = ev.regarding
+    when = ev.event_time or ev.deprecated_last_timestamp or ev.metadata.creation_timestamp
+    component = (
+        ev.reporting_controller
+        or (ev.deprecated_source.component if ev.deprecated_source else None)
+        or "?"
+    )
+    where = f"{reg.namespace}/" if reg and reg.namespace else ""
+    return TraceEvent(
+        time=when or dt.datetime.now(dt.UTC),
+        component=component.removeprefix("gpulab.io/"),
+        step=ev.reason or ev.action or "?",
+        regarding=f"{reg.kind} {where}{reg.name}" if reg else "?",
+        note=ev.note or "",
+        warning=ev.type == "Warning",
+    )
+
+
+def follow(
+    api: client.ApiClient, namespace: str, timeout_seconds: int | None = None
+) -> Iterator[TraceEvent]:
+    """Yield the Events of ``namespace`` as they are written (existing ones first)."""
+    events = client.EventsV1Api(api)
+    listing = events.list_namespaced_event(namespace)
+    items = sorted(listing.items, key=lambda e: _to_trace_event(e).time)
+    yield from (_to_trace_event(e) for e in items)
+    w = watch.Watch()
+    kwargs: dict[str, Any] = {"resource_version": listing.metadata.resource_version}
+    if timeout_seconds is not None:
+        kwargs["timeout_seconds"] = timeout_seconds
+    for item in w.stream(events.list_namespaced_event, namespace, **kwargs):
+        if item["type"] == "ADDED":
+            yield _to_trace_event(item["object"])
+
+
+def render_line(ev: TraceEvent) -> str:
+    """One trace step as rich markup, the way demos and `gpulab trace` print it."""
+    colour = "red" if ev.warning else "cyan"
+    return (
+        f"[dim]{ev.time.astimezone().strftime('%H:%M:%S')}[/dim] "
+        f"[bold magenta]{ev.component:<22}[/bold magenta] "
+        f"[bold {colour}]{ev.step:<18}[/bold {colour}] "
+        f"[green]{ev.regarding}[/green]  {ev.note}"
+    )

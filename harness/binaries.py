@@ -1,0 +1,325 @@
+"""Build the upstream binaries the local backend runs, from Go modules, once per version.
+
+No download site is reachable where this lab is developed, only package registries, so
+every binary is compiled from its Go module:
+
+- Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl):
+  k8s.io/kubernetes cannot be ``go install``-ed because its go.mod replaces each staging
+  module with a local path. A wrapper module requires ``k8s.io/kubernetes vX.Y.Z`` and
+  replaces every staging module with its published ``v0.Y.Z``; the list comes from
+  kubernetes' own go.mod, so it is always the right one for the pinned version.
+- etcd: ``go.etcd.io/etcd/server/v3`` likewise replaces its sibling modules by path.
+- kwok: no replace directives, but built the same way for one code path.
+
+Binaries land in ``<cache>/bin/<component>-<version>/`` with a ``manifest.json`` of
+sha256 sums, so a corrupt or truncated binary is detected before it is started.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.state import cache_dir
+
+KUBERNETES_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One Go module whose commands we build together."""
+
+    name: str
+    module: str
+    version: str
+    commands: dict[str, str]  # binary name -> package path
+    tags: str = ""
+    ldflags: tuple[str, ...] = ()
+
+    @property
+    def bin_dir(self) -> Path:
+        return cache_dir() / "bin" / f"{self.name}-{self.version}"
+
+    def binary(self, name: str) -> Path:
+        return self.bin_dir / name
+
+
+def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
+    # What hack/lib/version.sh sets; without it /version reports v0.0.0.
+    major, minor = version.lstrip("v").split(".")[:2]
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    values = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": stamp,
+    }
+    return tuple(
+        f"-X {pkg}.{key}={value}"
+        for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+        for key, value in values.items()
+    )
+
+
+KUBERNETES = Component(
+    name="kubernetes",
+    module="k8s.io/kubernetes",
+    version=KUBERNETES_VERSION,
+    commands={
+        "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+        "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+        "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+        "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+    },
+    tags="selinux,notest",
+    ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
+)
+ETCD = Component(
+    name="etcd",
+    module="go.etcd.io/etcd/server/v3",
+    version=ETCD_VERSION,
+    commands={"etcd": "go.etcd.io/etcd/server/v3"},
+)
+KWOK = Component(
+    name="kwok",
+    module="sigs.k8s.io/kwok",
+    version=KWOK_VERSION,
+    commands={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+    ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION.lstrip('v')}",),
+)
+COMPONENTS = (ETCD, KUBERNETES, KWOK)
+
+Progress = Callable[[str], None]
+
+
+def binary(name: str) -> Path:
+    """Path of a built binary by name (``kube-apiserver``, ``etcd``, ``kwok`` ...)."""
+    for comp in COMPONENTS:
+        if name in comp.commands:
+            return comp.binary(name)
+    raise KeyError(name)
+
+
+def verify(comp: Component) -> list[str]:
+    """Problems with a component's cached binaries; empty when all are present and intact."""
+    manifest_path = comp.bin_dir / "manifest.json"
+    if not manifest_path.exists():
+        return [f"{comp.name} {comp.version} is not built yet"]
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return [f"{manifest_path} is unreadable"]
+    problems = []
+    for name in comp.commands:
+        path = comp.binary(name)
+        if not path.exists():
+            problems.append(f"{path} is missing")
+        elif manifest.get(name) != _sha256(path):
+            problems.append(f"cached binary {path} is corrupt (checksum mismatch)")
+    return problems
+
+
+def require_built() -> None:
+    """Fail with one line if any binary the local backend needs is missing or corrupt."""
+    for comp in COMPONENTS:
+        problems = verify(comp)
+        if problems:
+            raise HarnessError(
+                f"{problems[0]}; run `make binaries` (or `gpulab build`) to rebuild it"
+            )
+
+
+def build_all(progress: Progress, force: bool = False) -> None:
+    go = find_go()
+    for comp in COMPONENTS:
+        problems = verify(comp)
+        if not problems and not force:
+            progress(f"{comp.name} {comp.version}: cached in {comp.bin_dir}")
+            continue
+        if problems and "not built yet" not in problems[0]:
+            progress(f"{comp.name} {comp.version}: {problems[0]}; rebuilding")
+        build(comp, go, progress)
+
+
+def find_go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise HarnessError(
+            "the Go toolchain (`go`) is not on PATH; it is needed once to build Kubernetes, "
+            "etcd and kwok: install Go 1.26+ (https://go.dev/doc/install) and re-run make"
+        )
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False)
+    match = re.match(r"go1\.(\d+)", out.stdout.strip())
+    if match is None or int(match.group(1)) < 21:
+        # Go >= 1.21 fetches the toolchain the modules ask for (go 1.26) by itself.
+        raise HarnessError(
+            f"`go` is {out.stdout.strip() or 'unknown'}; Go 1.21+ is needed to build the "
+            "pinned Kubernetes: install Go 1.26+ (https://go.dev/doc/install)"
+        )
+    return go
+
+
+def build(comp: Component, go: str, progress: Progress) -> None:
+    work = cache_dir() / "build" / f"{comp.name}-{comp.version}"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+    progress(f"{comp.name} {comp.version}: resolving modules")
+    _write_wrapper(comp, go, work, env)
+    _run(
+        [go, "get", *(f"{pkg}@{comp.version}" for pkg in comp.commands.values())],
+        work,
+        env,
+        f"{comp.name}: go get",
+    )
+    packages = list(comp.commands.values())
+    deps = _run(
+        [go, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", *packages],
+        work,
+        env,
+        f"{comp.name}: go list",
+    )
+    total = max(1, len([line for line in deps.splitlines() if line.strip()]))
+    out_dir = comp.bin_dir.with_name(comp.bin_dir.name + ".tmp")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    cmd = [go, "build", "-v", "-trimpath", "-o", f"{out_dir}/"]
+    if comp.tags:
+        cmd += ["-tags", comp.tags]
+    if comp.ldflags:
+        cmd += ["-ldflags", " ".join(comp.ldflags)]
+    _build_with_progress([*cmd, *packages], work, env, comp, total, progress)
+    manifest = {}
+    for name, pkg in comp.commands.items():
+        built = out_dir / _default_binary_name(pkg)
+        if built.name != name:
+            built.rename(out_dir / name)
+        manifest[name] = _sha256(out_dir / name)
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    shutil.rmtree(comp.bin_dir, ignore_errors=True)
+    out_dir.rename(comp.bin_dir)
+    progress(f"{comp.name} {comp.version}: built {', '.join(comp.commands)} in {comp.bin_dir}")
+
+
+def _default_binary_name(pkg: str) -> str:
+    """The file name `go build -o dir/` gives a main package (a /vN suffix is skipped)."""
+    parts = pkg.split("/")
+    return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
+
+
+def _write_wrapper(comp: Component, go: str, work: Path, env: dict[str, str]) -> None:
+    """A module that requires comp.module and mirrors its path replaces with versions."""
+    info = _run(
+        [go, "mod", "download", "-json", f"{comp.module}@{comp.version}"],
+        work.parent,
+        env,
+        f"{comp.name}: go mod download",
+    )
+    gomod = Path(json.loads(info)["GoMod"]).read_text()
+    go_line = re.search(r"^go (\S+)", gomod, re.M)
+    lines = [
+        f"module gpulab.local/build/{comp.name}",
+        "",
+        f"go {go_line.group(1) if go_line else '1.22'}",
+        "",
+        f"require {comp.module} {comp.version}",
+        "",
+    ]
+    replaces = _path_replaces(gomod, comp)
+    if replaces:
+        lines.append("replace (")
+        lines += [f"\t{mod} => {mod} {ver}" for mod, ver in replaces]
+        lines.append(")")
+    (work / "go.mod").write_text("\n".join(lines) + "\n")
+
+
+def _path_replaces(gomod: str, comp: Component) -> list[tuple[str, str]]:
+    """Turn ``mod => ./staging/...`` or ``mod => ../api`` into ``mod => mod <version>``."""
+    staged_version = comp.version
+    if comp.module == "k8s.io/kubernetes":
+        # staging modules are published as v0.<minor>.<patch> for kubernetes v1.<minor>.<patch>
+        staged_version = "v0." + comp.version.split(".", 1)[1]
+    out = []
+    for mod, target in re.findall(r"^\s*(?:replace\s+)?(\S+)\s+=>\s+(\.\S*)\s*$", gomod, re.M):
+        if "FORBIDDEN" in target:
+            continue
+        out.append((mod, staged_version))
+    return out
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise HarnessError(f"{what} failed: {' | '.join(tail)}")
+    return proc.stdout
+
+
+def _build_with_progress(
+    cmd: list[str], cwd: Path, env: dict[str, str], comp: Component, total: int, progress: Progress
+) -> None:
+    """Run ``go build -v`` and report how many packages have been compiled so far.
+
+    ``-v`` prints each package as it is built (cached ones are not printed), so the count
+    is a lower bound that reaches ``total`` only on a cold cache; that is still the
+    honest number to show while a first build takes minutes.
+    """
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    compiled = 0
+    tail: list[str] = []
+    started = time.monotonic()
+    last_report = 0.0
+    stop = threading.Event()
+
+    def heartbeat() -> None:  # keep CI logs alive while the linker runs silently
+        while not stop.wait(15):
+            progress(f"{comp.name}: still building ({time.monotonic() - started:.0f}s)")
+
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    beat.start()
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            if re.match(r"^[\w.\-/]+$", line):
+                compiled += 1
+            else:
+                tail = [*tail[-8:], line]
+            now = time.monotonic()
+            if now - last_report > (1 if sys.stderr.isatty() else 10):
+                last_report = now
+                pct = min(100, 100 * compiled // total)
+                progress(
+                    f"{comp.name} {comp.version}: compiled {compiled}/{total} packages "
+                    f"({pct}%), {now - started:.0f}s"
+                )
+        code = proc.wait()
+    finally:
+        stop.set()
+    if code != 0:
+        raise HarnessError(f"{comp.name}: go build failed: {' | '.join(tail[-4:])}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,149 @@
+"""`gpulab build | up | down | status | apply | kubectl`: the harness commands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from harness import binaries
+from harness.backends import BACKENDS, default_backend, get_backend
+from harness.errors import HarnessError
+from harness.spec import ClusterSpec
+from harness.spec import load as load_spec
+from harness.state import cluster_dir
+
+console = Console(stderr=True, highlight=False)
+
+
+def progress(message: str) -> None:
+    console.print(f"[bold blue]==>[/bold blue] {message}")
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build", help="build the upstream binaries (cached per version)")
+    p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.set_defaults(func=cmd_build)
+
+    for name, func, text in (
+        ("up", cmd_up, "bring a cluster up (builds binaries first if needed)"),
+        ("down", cmd_down, "stop the cluster and everything the lab started for it"),
+        ("status", cmd_status, "show the cluster's processes / nodes"),
+    ):
+        p = sub.add_parser(name, help=text)
+        _spec_args(p)
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("apply", help="apply manifests/ (or given paths) to the cluster")
+    _spec_args(p)
+    p.add_argument("paths", nargs="*", type=Path)
+    p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser("kubectl", help="run the lab's kubectl against the cluster", add_help=False)
+    p.add_argument("--spec", default=os.environ.get("GPULAB_SPEC", "default"))
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_kubectl)
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--spec",
+        default=os.environ.get("GPULAB_SPEC", "default"),
+        help="cluster spec name (harness/clusters) or YAML path; env GPULAB_SPEC",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=os.environ.get("GPULAB_BACKEND"),
+        help="default: kind if a Docker engine answers, else local; env GPULAB_BACKEND",
+    )
+
+
+def _backend_name(args: argparse.Namespace, spec: ClusterSpec) -> str:
+    if args.backend:
+        return args.backend
+    recorded = cluster_dir(spec.name) / "backend"
+    if recorded.exists():
+        return recorded.read_text().strip()
+    return default_backend()
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    binaries.build_all(progress, force=args.force)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    name = args.backend or default_backend()
+    if name == "local":
+        binaries.build_all(progress)
+    backend = get_backend(name, spec)
+    progress(f"bringing up cluster {spec.name!r} on the {name} backend")
+    backend.up(progress)
+    (cluster_dir(spec.name) / "backend").write_text(name)
+    console.print(f"export KUBECONFIG={cluster_dir(spec.name) / 'kubeconfig'}", highlight=False)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    get_backend(_backend_name(args, spec), spec).down(progress)
+    (cluster_dir(spec.name) / "backend").unlink(missing_ok=True)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from kubernetes import client
+
+    from gpulab.kube import api_client
+
+    spec = load_spec(args.spec)
+    name = _backend_name(args, spec)
+    backend = get_backend(name, spec)
+    if not backend.running():
+        console.print(f"cluster {spec.name!r} ({name}) is not running")
+        return 1
+    if name == "local":
+        for proc, pid, alive in backend.status():  # type: ignore[attr-defined]
+            state = "[green]running[/green]" if alive else "[red]exited[/red]"
+            console.print(f"  {proc:<26} pid {pid:<8} {state}")
+    core = client.CoreV1Api(api_client(cluster_dir(spec.name) / "kubeconfig"))
+    for node in core.list_node().items:
+        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        gpus = (node.status.allocatable or {}).get("nvidia.com/gpu", "0")
+        console.print(
+            f"  node {node.metadata.name:<22} {'Ready' if ready else 'NotReady':<9} "
+            f"nvidia.com/gpu={gpus}"
+        )
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from gpulab.kube import api_client
+    from harness.apply import MANIFESTS, apply
+
+    spec = load_spec(args.spec)
+    kubeconfig = cluster_dir(spec.name) / "kubeconfig"
+    if not kubeconfig.exists():
+        raise HarnessError(f"cluster {spec.name!r} is not up; run `gpulab up` first")
+    transform = None
+    if _backend_name(args, spec) == "local":
+        from harness.local import LocalCluster
+
+        transform = LocalCluster(spec).apply_transform()
+    apply(api_client(kubeconfig), args.paths or [MANIFESTS], progress, transform)
+    return 0
+
+
+def cmd_kubectl(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    kubectl = binaries.binary("kubectl")
+    if not kubectl.exists():
+        raise HarnessError("kubectl is not built yet; run `make binaries`")
+    env = {**os.environ, "KUBECONFIG": str(cluster_dir(spec.name) / "kubeconfig")}
+    sys.stdout.flush()
+    os.execve(kubectl, [str(kubectl), *args.args], env)

@@ -1,0 +1,229 @@
+"""The kind and k3d backends: the same lab in Docker containers, for a workshop laptop.
+
+Written to kind's and k3d's documentation; they cannot run where this lab is developed
+(no Docker engine), so what is verified there is the exact command sequence
+(tests/unit/test_harness_docker.py) and every manifest against the local backend's real
+API server. On a laptop with Docker:
+
+    kind: docker build → kind create cluster --config kind-config.yaml → kind load
+          docker-image → apply manifests/ → wait for nodes
+    k3d:  docker build → k3d cluster create --config <rendered> → k3d kubeconfig write
+          → k3d image import → apply manifests/ → wait for nodes
+
+Each worker node carries its GPU profile as a file mounted at
+``/etc/fake-gpu/profile.yaml`` (kind extraMounts, k3d volumes) and the label
+``gpulab.io/spec-node`` naming the spec node it stands for.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpulab.fakegpu import profiles
+from harness.errors import HarnessError
+from harness.spec import ClusterSpec
+from harness.state import cluster_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE = "gpulab:dev"
+PROFILE_MOUNT = "/etc/fake-gpu/profile.yaml"
+K3S_IMAGE = "rancher/k3s:v1.36.3-k3s1"
+
+Runner = Callable[[Sequence[str]], None]
+Progress = Callable[[str], None]
+
+
+def run_command(argv: Sequence[str]) -> None:
+    """Run a tool, streaming its output (docker build and kind show their own progress)."""
+    proc = subprocess.run(list(argv), cwd=ROOT, check=False)
+    if proc.returncode != 0:
+        raise HarnessError(f"`{' '.join(argv)}` failed with exit code {proc.returncode}")
+
+
+def _worker_labels(node: Any) -> dict[str, str]:
+    labels = {"gpulab.io/spec-node": node.name, **node.labels}
+    if node.profile:
+        labels["gpulab.io/gpu-profile"] = profiles.load(node.profile).name
+        labels["nvidia.com/gpu.present"] = "true"
+    return labels
+
+
+def _profile_path(node: Any, relative: bool) -> str:
+    path = profiles.resolve(node.profile)
+    return f"./{path.relative_to(ROOT)}" if relative else str(path)
+
+
+def kind_config(spec: ClusterSpec, relative_paths: bool = True) -> dict[str, Any]:
+    """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node."""
+    nodes: list[dict[str, Any]] = [{"role": "control-plane"}]
+    for node in spec.nodes:
+        worker: dict[str, Any] = {"role": "worker", "labels": _worker_labels(node)}
+        if node.profile:
+            worker["extraMounts"] = [
+                {
+                    "hostPath": _profile_path(node, relative_paths),
+                    "containerPath": PROFILE_MOUNT,
+                    "readOnly": True,
+                }
+            ]
+        nodes.append(worker)
+    return {
+        "kind": "Cluster",
+        "apiVersion": "kind.x-k8s.io/v1alpha4",
+        "name": spec.name,
+        "nodes": nodes,
+    }
+
+
+def k3d_config(spec: ClusterSpec) -> dict[str, Any]:
+    """k3d's Simple config (k3d.io/v1alpha5): agent i stands for spec node i."""
+    volumes, labels = [], []
+    for i, node in enumerate(spec.nodes):
+        if node.profile:
+            volumes.append(
+                {
+                    "volume": f"{_profile_path(node, False)}:{PROFILE_MOUNT}",
+                    "nodeFilters": [f"agent:{i}"],
+                }
+            )
+        labels += [
+            {"label": f"{k}={v}", "nodeFilters": [f"agent:{i}"]}
+            for k, v in _worker_labels(node).items()
+        ]
+    return {
+        "apiVersion": "k3d.io/v1alpha5",
+        "kind": "Simple",
+        "metadata": {"name": spec.name},
+        "servers": 1,
+        "agents": len(spec.nodes),
+        "image": K3S_IMAGE,
+        "volumes": volumes,
+        "options": {
+            "k3s": {"nodeLabels": labels},
+            "kubeconfig": {"updateDefaultKubeconfig": False, "switchCurrentContext": False},
+        },
+    }
+
+
+class DockerCluster:
+    """kind or k3d, chosen by ``tool``; ``runner`` is injectable so tests see the commands."""
+
+    def __init__(self, tool: str, spec: ClusterSpec, runner: Runner = run_command) -> None:
+        if tool not in ("kind", "k3d"):
+            raise HarnessError(f"unknown Docker backend {tool!r}")
+        self.tool = tool
+        self.spec = spec
+        self.run = runner
+        self.dir = cluster_dir(spec.name)
+        self.kubeconfig = self.dir / "kubeconfig"
+
+    def commands_up(self) -> list[list[str]]:
+        """The exact commands `up` runs, in order."""
+        build = ["docker", "build", "-t", IMAGE, "-f", str(ROOT / "Dockerfile"), str(ROOT)]
+        name = self.spec.name
+        if self.tool == "kind":
+            return [
+                build,
+                [
+                    "kind",
+                    "create",
+                    "cluster",
+                    "--name",
+                    name,
+                    "--config",
+                    str(self.dir / "kind-config.yaml"),
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                    "--wait",
+                    "120s",
+                ],
+                ["kind", "load", "docker-image", IMAGE, "--name", name],
+            ]
+        return [
+            build,
+            ["k3d", "cluster", "create", "--config", str(self.dir / "k3d-config.yaml"), "--wait"],
+            ["k3d", "kubeconfig", "write", name, "--output", str(self.kubeconfig)],
+            ["k3d", "image", "import", IMAGE, "--cluster", name],
+        ]
+
+    def commands_down(self) -> list[list[str]]:
+        if self.tool == "kind":
+            return [
+                [
+                    "kind",
+                    "delete",
+                    "cluster",
+                    "--name",
+                    self.spec.name,
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                ]
+            ]
+        return [["k3d", "cluster", "delete", self.spec.name]]
+
+    def write_config(self) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.tool == "kind":
+            path = self.dir / "kind-config.yaml"
+            path.write_text(
+                yaml.safe_dump(kind_config(self.spec, relative_paths=False), sort_keys=False)
+            )
+        else:
+            path = self.dir / "k3d-config.yaml"
+            path.write_text(yaml.safe_dump(k3d_config(self.spec), sort_keys=False))
+        return path
+
+    def check_tools(self, which: Callable[[str], str | None] = shutil.which) -> None:
+        for tool in ("docker", self.tool):
+            if which(tool) is None:
+                raise HarnessError(
+                    f"`{tool}` is not on PATH; the {self.tool} backend needs Docker and "
+                    f"{self.tool} (see README: Backends), or use --backend local"
+                )
+
+    def up(self, progress: Progress) -> None:
+        self.check_tools()
+        self.write_config()
+        for argv in self.commands_up():
+            progress(f"$ {' '.join(argv)}")
+            self.run(argv)
+        from gpulab.kube import api_client
+        from harness.apply import MANIFESTS, apply
+
+        apply(api_client(self.kubeconfig), [MANIFESTS], progress)
+        self._wait_nodes(progress)
+
+    def _wait_nodes(self, progress: Progress) -> None:
+        from kubernetes import client
+
+        from gpulab.kube import api_client
+
+        core = client.CoreV1Api(api_client(self.kubeconfig))
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            nodes = core.list_node().items
+            ready = [
+                n
+                for n in nodes
+                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+            ]
+            progress(f"nodes Ready: {len(ready)}/{len(self.spec.nodes) + 1}")
+            if len(ready) == len(self.spec.nodes) + 1:
+                return
+            time.sleep(5)
+        raise HarnessError(f"{self.tool} nodes not Ready after 300s; see `kubectl get nodes`")
+
+    def down(self, progress: Progress) -> None:
+        for argv in self.commands_down():
+            progress(f"$ {' '.join(argv)}")
+            self.run(argv)
+
+    def running(self) -> bool:
+        return self.kubeconfig.exists()

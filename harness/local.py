@@ -1,0 +1,501 @@
+"""The `local` backend: real upstream binaries as host processes, kwok for the nodes.
+
+    etcd → kube-apiserver → kube-controller-manager, kube-scheduler, kwok → Nodes
+
+What kind would run in containers runs here as processes bound to 127.0.0.1, with the
+same flags kubeadm gives them (RBAC, ServiceAccount tokens, admission webhooks on) so
+manifests meet the same API server they meet on kind. kwok plays every kubelet: it
+marks our Nodes Ready, keeps their leases and moves Pods through the Stages in
+``harness/kwok-stages.yaml``.
+
+Every process is recorded in ``<state>/cluster.json``; `down` stops exactly those.
+Later components (device plugins, extenders) join through :meth:`LocalCluster.start_process`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from harness import binaries, pki
+from harness.apply import MANIFESTS, LocalTransform, apply
+from harness.errors import HarnessError
+from harness.spec import ClusterSpec, node_object
+from harness.state import cluster_dir
+
+Progress = Callable[[str], None]
+
+HERE = Path(__file__).resolve().parent
+SERVICE_CIDR = "10.96.0.0/16"
+START_TIMEOUT = 90.0
+
+
+@dataclass
+class ProcessRecord:
+    name: str
+    pid: int
+    exe: str
+    log: str
+    ports: list[int] = field(default_factory=list)
+    service: str | None = None  # the manifests' Service this process stands for
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def pid_alive(pid: int, exe: str | None = None) -> bool:
+    """True if ``pid`` runs and (when given) is still our binary, not a recycled pid."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if exe is None:
+        return True
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # a zombie (state Z) has exited; only its parent has not reaped it yet
+    return cmd == exe and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.dir = cluster_dir(spec.name)
+        self.pki = self.dir / "pki"
+        self.kubeconfig = self.dir / "kubeconfig"
+        self._state_file = self.dir / "cluster.json"
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.spec.ports['apiserver']}"
+
+    def processes(self) -> list[ProcessRecord]:
+        if not self._state_file.exists():
+            return []
+        data = json.loads(self._state_file.read_text())
+        return [ProcessRecord(**p) for p in data.get("processes", [])]
+
+    def _save(self, procs: list[ProcessRecord]) -> None:
+        state = {
+            "name": self.spec.name,
+            "spec": str(self.spec.path) if self.spec.path else None,
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "processes": [asdict(p) for p in procs],
+        }
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self._state_file)
+
+    def running(self) -> bool:
+        procs = self.processes()
+        return bool(procs) and all(pid_alive(p.pid, p.exe) for p in procs)
+
+    # ---------------------------------------------------------------- up
+
+    def up(self, progress: Progress) -> None:
+        if self.running():
+            progress(f"cluster {self.spec.name} is already up ({self.server})")
+            return
+        if self.processes():  # a previous cluster died half-way: clear what is left
+            self.down(lambda _m: None)
+        binaries.require_built()
+        self._check_ports()
+        started = time.monotonic()
+        self._prepare_dir()
+        try:
+            self._start_control_plane(progress)
+            self._create_nodes(progress)
+            self._wait_ready(progress)
+            self._apply_base(progress)
+        except BaseException:
+            progress("start-up failed; stopping what was started")
+            self.down(lambda _m: None)
+            raise
+        progress(f"cluster {self.spec.name} ready in {time.monotonic() - started:.1f}s")
+
+    def _check_ports(self) -> None:
+        for name, port in self.spec.ports.items():
+            if port_in_use(port):
+                where = f" in {self.spec.path}" if self.spec.path else ""
+                raise HarnessError(
+                    f"port {port} ({name}) on 127.0.0.1 is in use by another process; "
+                    f"stop it (`ss -ltnp 'sport = :{port}'` shows which) or set ports.{name}{where}"
+                )
+
+    def _prepare_dir(self) -> None:
+        if self.dir.exists():
+            for sub in ("etcd", "pki"):
+                _rmtree(self.dir / sub)
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.pki.mkdir(parents=True, exist_ok=True)
+        ca = pki.create_ca(self.pki)
+        pki.issue(
+            ca,
+            self.pki,
+            "apiserver",
+            "kube-apiserver",
+            hosts=(
+                "127.0.0.1",
+                "localhost",
+                "10.96.0.1",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+        )
+        # Same identities kubeadm uses, so the bootstrap RBAC roles apply unchanged.
+        identities = {
+            "admin": ("kubernetes-admin", "system:masters"),
+            "controller-manager": ("system:kube-controller-manager", None),
+            "scheduler": ("system:kube-scheduler", None),
+        }
+        for stem, (cn, org) in identities.items():
+            pair = pki.issue(ca, self.pki, stem, cn, org=org, client=True)
+            path = self.kubeconfig if stem == "admin" else self.dir / f"{stem}.kubeconfig"
+            path.write_text(self._kubeconfig_text(pair))
+            path.chmod(0o600)
+        pki.create_service_account_keys(self.pki)
+        (self.dir / "scheduler-config.yaml").write_text(
+            yaml.safe_dump(self.scheduler_config(), sort_keys=False)
+        )
+
+    def _kubeconfig_text(self, pair: pki.KeyPair) -> str:
+        name = self.spec.name
+        return yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": name,
+                        "cluster": {
+                            "server": self.server,
+                            "certificate-authority": str(self.pki / "ca.crt"),
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": f"{name}-{pair.cert.stem}",
+                        "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)},
+                    }
+                ],
+                "contexts": [
+                    {"name": name, "context": {"cluster": name, "user": f"{name}-{pair.cert.stem}"}}
+                ],
+                "current-context": name,
+            },
+            sort_keys=False,
+        )
+
+    def scheduler_config(self) -> dict[str, Any]:
+        """The default kube-scheduler's KubeSchedulerConfiguration (chapters extend it)."""
+        return {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.dir / "scheduler.kubeconfig")},
+            "leaderElection": {"leaderElect": False},
+            "profiles": [{"schedulerName": "default-scheduler"}],
+        }
+
+    def _start_control_plane(self, progress: Progress) -> None:
+        p = self.spec.ports
+        pk = self.pki
+        logs = self.dir / "logs"
+        progress("starting etcd")
+        self.start_process(
+            "etcd",
+            [
+                str(binaries.binary("etcd")),
+                f"--name={self.spec.name}",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p['etcd']}",
+                f"--advertise-client-urls=http://127.0.0.1:{p['etcd']}",
+                f"--listen-peer-urls=http://127.0.0.1:{p['etcdPeer']}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcdPeer']}",
+                f"--initial-cluster={self.spec.name}=http://127.0.0.1:{p['etcdPeer']}",
+                "--listen-metrics-urls=",
+                # a throw-away lab cluster: skipping fsync makes start-up seconds faster
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+            ports=[p["etcd"], p["etcdPeer"]],
+        )
+        self._wait_http(f"http://127.0.0.1:{p['etcd']}/health", "etcd", tls=False)
+        progress("starting kube-apiserver")
+        self.start_process(
+            "kube-apiserver",
+            [
+                str(binaries.binary("kube-apiserver")),
+                f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={p['apiserver']}",
+                f"--tls-cert-file={pk / 'apiserver.crt'}",
+                f"--tls-private-key-file={pk / 'apiserver.key'}",
+                f"--client-ca-file={pk / 'ca.crt'}",
+                f"--service-account-key-file={pk / 'sa.pub'}",
+                f"--service-account-signing-key-file={pk / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                # 127.0.0.1 may not be an Endpoints address; nothing in-cluster dials it
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                f"--audit-log-path={logs / 'audit.log'}" if os.environ.get("GPULAB_AUDIT") else "",
+            ],
+            ports=[p["apiserver"]],
+        )
+        self._wait_http(f"{self.server}/readyz", "kube-apiserver")
+        progress(
+            f"kube-apiserver ready at {self.server}; starting controller-manager, scheduler, kwok"
+        )
+        self.start_process(
+            "kube-controller-manager",
+            [
+                str(binaries.binary("kube-controller-manager")),
+                f"--kubeconfig={self.dir / 'controller-manager.kubeconfig'}",
+                f"--authentication-kubeconfig={self.dir / 'controller-manager.kubeconfig'}",
+                f"--authorization-kubeconfig={self.dir / 'controller-manager.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={p['controllerManager']}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pk / 'sa.key'}",
+                f"--root-ca-file={pk / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pk / 'ca.crt'}",
+                f"--cluster-signing-key-file={pk / 'ca.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--profiling=false",
+            ],
+            ports=[p["controllerManager"]],
+        )
+        self.start_process(
+            "kube-scheduler",
+            [
+                str(binaries.binary("kube-scheduler")),
+                f"--config={self.dir / 'scheduler-config.yaml'}",
+                f"--authentication-kubeconfig={self.dir / 'scheduler.kubeconfig'}",
+                f"--authorization-kubeconfig={self.dir / 'scheduler.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={p['scheduler']}",
+                "--profiling=false",
+            ],
+            ports=[p["scheduler"]],
+        )
+        self.start_process(
+            "kwok",
+            [
+                str(binaries.binary("kwok")),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={HERE / 'kwok-stages.yaml'}",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--node-lease-duration-seconds=40",
+                "--node-ip=127.0.0.1",
+            ],
+        )
+
+    def start_process(
+        self,
+        name: str,
+        argv: list[str],
+        ports: list[int] | None = None,
+        env: dict[str, str] | None = None,
+        service: str | None = None,
+    ) -> ProcessRecord:
+        """Start a host process that belongs to this cluster (stopped by `down`).
+
+        ``service`` names the Service of ``manifests/`` the process stands for; its first
+        port then serves what that Service would (webhooks point there).
+        """
+        argv = [a for a in argv if a]
+        log = self.dir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.dir,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,  # outlives `gpulab up`; `down` stops it
+            )
+        record = ProcessRecord(name, proc.pid, argv[0], str(log), list(ports or []), service)
+        self._save([*self.processes(), record])
+        return record
+
+    def _check_alive(self) -> None:
+        for rec in self.processes():
+            if not pid_alive(rec.pid, rec.exe):
+                tail = _tail(Path(rec.log))
+                raise HarnessError(
+                    f"{rec.name} exited during start-up: {tail or 'no output'} (log: {rec.log})"
+                )
+
+    def _wait_http(self, url: str, what: str, tls: bool = True, verify: bool = True) -> None:
+        kwargs: dict[str, Any] = {"timeout": 2.0}
+        if not verify:
+            # controller-manager and scheduler serve a self-signed cert on loopback,
+            # as they do under kubeadm; we only ask whether they are up
+            kwargs["verify"] = False
+        elif tls:
+            kwargs["verify"] = str(self.pki / "ca.crt")
+            kwargs["cert"] = (str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        deadline = time.monotonic() + START_TIMEOUT
+        with httpx.Client(**kwargs) as client:
+            while time.monotonic() < deadline:
+                self._check_alive()
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(url).status_code == 200:
+                        return
+                time.sleep(0.1)
+        raise HarnessError(f"{what} did not become healthy in {START_TIMEOUT:.0f}s ({url})")
+
+    # ---------------------------------------------------------------- nodes
+
+    def api(self) -> Any:
+        from gpulab.kube import api_client
+
+        return api_client(self.kubeconfig)
+
+    def _create_nodes(self, progress: Progress) -> None:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api())
+        for node in self.spec.nodes:
+            core.create_node(node_object(node))
+        gpus = sum(1 for n in self.spec.nodes if n.profile)
+        progress(f"created {len(self.spec.nodes)} simulated nodes ({gpus} with GPUs)")
+
+    def _wait_ready(self, progress: Progress) -> None:
+        from kubernetes import client
+
+        api = self.api()
+        core = client.CoreV1Api(api)
+        deadline = time.monotonic() + START_TIMEOUT
+        want = {n.name for n in self.spec.nodes}
+        last = -1
+        while time.monotonic() < deadline:
+            self._check_alive()
+            ready = {
+                n.metadata.name
+                for n in core.list_node().items
+                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+            }
+            if len(ready & want) != last:
+                last = len(ready & want)
+                progress(f"nodes Ready: {last}/{len(want)}")
+            # Pods need the namespace's default ServiceAccount (made by the controller-manager).
+            if want <= ready and _has_default_sa(core):
+                for name in ("controller-manager", "scheduler"):
+                    port = self.spec.ports["controllerManager" if name[0] == "c" else "scheduler"]
+                    self._wait_http(f"https://127.0.0.1:{port}/healthz", name, verify=False)
+                return
+            time.sleep(0.2)
+        raise HarnessError(
+            f"nodes not Ready after {START_TIMEOUT:.0f}s: {sorted(want - ready)}; "
+            f"see {self.dir / 'logs' / 'kwok.log'}"
+        )
+
+    def apply_transform(self) -> LocalTransform:
+        services = {r.service: r.ports[0] for r in self.processes() if r.service and r.ports}
+        return LocalTransform((self.pki / "ca.crt").read_bytes(), services)
+
+    def issue_serving_cert(self, stem: str, cn: str) -> pki.KeyPair:
+        """A serving cert for a component on 127.0.0.1, signed by the cluster CA."""
+        ca = pki.KeyPair(self.pki / "ca.crt", self.pki / "ca.key")
+        return pki.issue(ca, self.pki, stem, cn, hosts=("127.0.0.1", "localhost"))
+
+    def _apply_base(self, progress: Progress) -> None:
+        apply(self.api(), [MANIFESTS / "base"], progress, self.apply_transform())
+
+    # ---------------------------------------------------------------- down / status
+
+    def down(self, progress: Progress) -> None:
+        procs = self.processes()
+        if not procs:
+            progress(f"cluster {self.spec.name} is not running")
+            return
+        # Reverse start order, one at a time: components before the control plane, and
+        # etcd last, so kube-apiserver can shut down cleanly instead of retrying etcd.
+        for rec in reversed(procs):
+            _stop(rec)
+        ports = [port for rec in procs for port in rec.ports]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(port_in_use(p) for p in ports):
+            time.sleep(0.05)
+        busy = [p for p in ports if port_in_use(p)]
+        self._state_file.unlink(missing_ok=True)
+        if busy:
+            raise HarnessError(f"ports {busy} are still in use after stopping the cluster")
+        progress(f"cluster {self.spec.name} stopped ({len(procs)} processes)")
+
+    def status(self) -> list[tuple[str, int, bool]]:
+        return [(r.name, r.pid, pid_alive(r.pid, r.exe)) for r in self.processes()]
+
+
+def _stop(rec: ProcessRecord, grace: float = 10.0) -> None:
+    if not pid_alive(rec.pid, rec.exe):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(rec.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and pid_alive(rec.pid, rec.exe):
+        time.sleep(0.02)
+    if pid_alive(rec.pid, rec.exe):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rec.pid, signal.SIGKILL)
+
+
+def _has_default_sa(core: Any) -> bool:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        core.read_namespaced_service_account("default", "default")
+    except ApiException:
+        return False
+    return True
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip()[:300] for line in text[-lines:])
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

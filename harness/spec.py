@@ -1,0 +1,172 @@
+"""Cluster spec: which simulated nodes, which GPU profile each has, which ports to use.
+
+A spec is a small YAML file (``harness/clusters/*.yaml`` ships a few)::
+
+    name: gpulab                 # cluster name: state dir, kubeconfig context
+    ports:                       # all on 127.0.0.1; each must be free
+      apiserver: 36443
+    nodes:
+      - name: gpu-a100           # one node ...
+        profile: a100-sxm4-40gb-x8
+        labels: {topology.kubernetes.io/zone: zone-a}
+      - name: gpu-t4             # ... or `count` nodes gpu-t4-0 .. gpu-t4-(count-1)
+        count: 3
+        profile: t4-x4
+      - name: cpu-only           # no profile: a node without GPUs
+        cpu: "16"
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpulab.fakegpu import profiles
+from harness.errors import HarnessError
+
+SPEC_DIR = Path(__file__).resolve().parent / "clusters"
+
+DEFAULT_PORTS = {
+    "apiserver": 36443,
+    "etcd": 32379,
+    "etcdPeer": 32380,
+    "controllerManager": 30257,
+    "scheduler": 30259,
+}
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    profile: str | None
+    labels: dict[str, str] = field(default_factory=dict)
+    cpu: str = "64"
+    memory: str = "512Gi"
+    pods: str = "110"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    ports: dict[str, int]
+    nodes: tuple[NodeSpec, ...]
+    path: Path | None = None
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+
+
+def load(name_or_path: str | Path) -> ClusterSpec:
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = SPEC_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise HarnessError(
+            f"no cluster spec {str(name_or_path)!r}; use one of {', '.join(available())} "
+            "or a path to a spec YAML file"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise HarnessError(f"{path}: not valid YAML ({exc.__class__.__name__}); fix it") from exc
+    try:
+        return parse(data, path)
+    except HarnessError as exc:
+        raise HarnessError(f"cluster spec {path}: {exc}") from None
+
+
+def parse(data: Any, path: Path | None = None) -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise HarnessError("a cluster spec must be a mapping with 'name' and 'nodes'")
+    name = str(data.get("name", "gpulab"))
+    if not _DNS_LABEL.match(name):
+        raise HarnessError(f"cluster name {name!r} must be a DNS label (a-z, 0-9, -)")
+    ports = dict(DEFAULT_PORTS)
+    for key, value in (data.get("ports") or {}).items():
+        if key not in DEFAULT_PORTS:
+            raise HarnessError(f"unknown port {key!r}; known: {', '.join(DEFAULT_PORTS)}")
+        if not isinstance(value, int) or not 1024 <= value <= 65535:
+            raise HarnessError(f"port {key}: {value!r} must be an integer in 1024..65535")
+        ports[key] = value
+    if len(set(ports.values())) != len(ports):
+        raise HarnessError(f"ports must all differ, got {ports}")
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise HarnessError("'nodes' must be a non-empty list")
+    nodes: list[NodeSpec] = []
+    for n, raw in enumerate(raw_nodes):
+        nodes.extend(_parse_node(raw, n))
+    seen: set[str] = set()
+    for node in nodes:
+        if node.name in seen:
+            raise HarnessError(f"duplicate node name {node.name!r}; node names must be unique")
+        seen.add(node.name)
+    return ClusterSpec(name=name, ports=ports, nodes=tuple(nodes), path=path)
+
+
+def _parse_node(raw: Any, n: int) -> list[NodeSpec]:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise HarnessError(f"nodes[{n}] must be a mapping with a 'name'")
+    profile = raw.get("profile")
+    if profile is not None:
+        try:
+            profiles.resolve(profile)
+        except profiles.ProfileError as exc:
+            raise HarnessError(f"nodes[{n}] ({raw['name']}): {exc}") from None
+    labels = raw.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise HarnessError(f"nodes[{n}].labels must be a mapping")
+    count = raw.get("count")
+    if count is not None and (not isinstance(count, int) or count < 1):
+        raise HarnessError(f"nodes[{n}].count must be a positive integer")
+    names = [raw["name"]] if count is None else [f"{raw['name']}-{i}" for i in range(count)]
+    for name in names:
+        if not _DNS_LABEL.match(name) or len(name) > 63:
+            raise HarnessError(f"node name {name!r} must be a DNS label (a-z, 0-9, -)")
+    return [
+        NodeSpec(
+            name=name,
+            profile=profile,
+            labels={str(k): str(v) for k, v in labels.items()},
+            cpu=str(raw.get("cpu", "64")),
+            memory=str(raw.get("memory", "512Gi")),
+            pods=str(raw.get("pods", "110")),
+        )
+        for name in names
+    ]
+
+
+def node_object(node: NodeSpec) -> dict[str, Any]:
+    """The Node the harness creates for kwok to manage, capacity from the GPU profile."""
+    capacity = {"cpu": node.cpu, "memory": node.memory, "pods": node.pods}
+    labels = {
+        "kubernetes.io/hostname": node.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        **node.labels,
+    }
+    if node.profile is not None:
+        profile = profiles.load(node.profile)
+        capacity["nvidia.com/gpu"] = str(len(profile.gpus))
+        labels["gpulab.io/gpu-profile"] = profile.name
+        labels["nvidia.com/gpu.present"] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            "labels": labels,
+            # kwok manages nodes carrying this annotation (--manage-nodes-with-annotation-selector)
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
