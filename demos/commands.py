@@ -15,6 +15,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("chapter", choices=sorted(CHAPTERS))
     p.add_argument("--spec", default="default", help="cluster spec (harness/clusters)")
     p.add_argument("--backend", default=None, help="default: kind if Docker answers, else local")
+    p.add_argument("--diagram", help="also write the run's call chain as a Mermaid diagram here")
     p.set_defaults(func=cmd_demo)
 
 

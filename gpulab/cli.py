@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "harness.commands",
     "gpulab.trace_cli",
     "demos.commands",
+    "gpulab.fakegpu.commands",
 ]
 
 

@@ -155,8 +155,9 @@ class Tracer:
         # as kubelet does for Node events.
         namespace = ref.namespace or "default"
         return client.EventsV1Event(
+            # named like client-go's recorder: <object>.<hex nanoseconds>
             metadata=client.V1ObjectMeta(
-                generate_name=f"{ref.name}.".lower()[:200], namespace=namespace
+                name=f"{ref.name[:200]}.{time.time_ns():x}".lower(), namespace=namespace
             ),
             event_time=now,
             reporting_controller=f"gpulab.io/{self.component}",
@@ -187,21 +188,20 @@ class TraceEvent:
     warning: bool
 
 
-def _to_trace_event(ev: client.EventsV1Event) -> TraceEvent:
-    reg = ev.regarding
-    when = ev.event_time or ev.deprecated_last_timestamp or ev.metadata.creation_timestamp
-    component = (
-        ev.reporting_controller
-        or (ev.deprecated_source.component if ev.deprecated_source else None)
-        or "?"
-    )
-    where = f"{reg.namespace}/" if reg and reg.namespace else ""
+def _to_trace_event(ev: client.CoreV1Event) -> TraceEvent:
+    # Read through core/v1: it shows Events written with either API (kube-scheduler and
+    # the Job controller still write core/v1 ones, which events.k8s.io/v1 models reject
+    # for lacking eventTime).
+    obj = ev.involved_object
+    when = ev.event_time or ev.last_timestamp or ev.first_timestamp or ev.metadata.creation_timestamp
+    component = ev.reporting_component or (ev.source.component if ev.source else None) or "?"
+    where = f"{obj.namespace}/" if obj and obj.namespace else ""
     return TraceEvent(
         time=when or dt.datetime.now(dt.UTC),
         component=component.removeprefix("gpulab.io/"),
         step=ev.reason or ev.action or "?",
-        regarding=f"{reg.kind} {where}{reg.name}" if reg else "?",
-        note=ev.note or "",
+        regarding=f"{obj.kind} {where}{obj.name}" if obj else "?",
+        note=ev.message or "",
         warning=ev.type == "Warning",
     )
 
@@ -210,15 +210,15 @@ def follow(
     api: client.ApiClient, namespace: str, timeout_seconds: int | None = None
 ) -> Iterator[TraceEvent]:
     """Yield the Events of ``namespace`` as they are written (existing ones first)."""
-    events = client.EventsV1Api(api)
-    listing = events.list_namespaced_event(namespace)
+    core = client.CoreV1Api(api)
+    listing = core.list_namespaced_event(namespace)
     items = sorted(listing.items, key=lambda e: _to_trace_event(e).time)
     yield from (_to_trace_event(e) for e in items)
     w = watch.Watch()
     kwargs: dict[str, Any] = {"resource_version": listing.metadata.resource_version}
     if timeout_seconds is not None:
         kwargs["timeout_seconds"] = timeout_seconds
-    for item in w.stream(events.list_namespaced_event, namespace, **kwargs):
+    for item in w.stream(core.list_namespaced_event, namespace, **kwargs):
         if item["type"] == "ADDED":
             yield _to_trace_event(item["object"])
 
@@ -232,3 +232,19 @@ def render_line(ev: TraceEvent) -> str:
         f"[bold {colour}]{ev.step:<18}[/bold {colour}] "
         f"[green]{ev.regarding}[/green]  {ev.note}"
     )
+
+
+def sequence_diagram(events: list[TraceEvent]) -> str:
+    """A Mermaid sequence diagram of a run: one arrow per step, component → object kind."""
+    lines = ["```mermaid", "sequenceDiagram"]
+    for ev in events:
+        target = ev.regarding.split(" ", 1)[0] or "?"
+        note = ev.note.replace("\n", " ").replace(";", ",")[:80]
+        lines.append(f"    {_participant(ev.component)}->>{_participant(target)}: {ev.step}: {note}")
+    lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
+def _participant(name: str) -> str:
+    # Mermaid participant ids may not contain '/', ':' or spaces
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)

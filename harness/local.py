@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
@@ -362,6 +363,12 @@ class LocalCluster:
                     f"{rec.name} exited during start-up: {tail or 'no output'} (log: {rec.log})"
                 )
 
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        """TLS as the cluster admin: trusts the cluster CA, presents the admin cert."""
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
     def _wait_http(self, url: str, what: str, tls: bool = True, verify: bool = True) -> None:
         kwargs: dict[str, Any] = {"timeout": 2.0}
         if not verify:
@@ -369,8 +376,7 @@ class LocalCluster:
             # as they do under kubeadm; we only ask whether they are up
             kwargs["verify"] = False
         elif tls:
-            kwargs["verify"] = str(self.pki / "ca.crt")
-            kwargs["cert"] = (str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+            kwargs["verify"] = self.admin_ssl_context()
         deadline = time.monotonic() + START_TIMEOUT
         with httpx.Client(**kwargs) as client:
             while time.monotonic() < deadline:

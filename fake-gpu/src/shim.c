@@ -1,0 +1,1051 @@
+/* fake-gpu: a libnvidia-ml.so.1 (NVIDIA Management Library) that serves the GPUs of a
+ * gpulab profile. Exports the NVML entry points device plugins, GPU feature discovery and
+ * MIG managers call; see fake-gpu/README.md for the environment and file formats. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "config.h"
+#include "faultlog.h"
+#include "nvml_types.h"
+
+#define NVML_API __attribute__((visibility("default")))
+
+#define POLL_INTERVAL_MS 50
+#define EVENT_QUEUE_CAP 128
+#define MAX_ACTIVE_FAULTS 32
+#define NO_INSTANCE 0xFFFFFFFFu
+
+/* One entry per physical GPU and per MIG slot; a handle is a pointer into g_dev, so
+ * handles stay valid for the life of the process, as real NVML's do. */
+struct fg_device {
+    int present;
+    unsigned int gpu;
+    int mig; /* -1 for the physical GPU, else the MIG device index on it */
+};
+
+struct fg_event_set {
+    struct fg_event_set *next;
+    unsigned long long mask[FG_MAX_GPUS];
+    long offset; /* how far into the fault log this set has read */
+    unsigned int head, count;
+    nvmlEventData_t queue[EVENT_QUEUE_CAP];
+};
+
+/* g_lock guards the refcount, the event sets and the one-time config load. The config is
+ * loaded at the first successful init and is read-only afterwards, so device queries
+ * read it without the lock. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_refcount;
+static int g_loaded;
+static int g_logged;
+static struct fg_config g_cfg;
+static char g_log_path[PATH_MAX + 32];
+static struct fg_device g_dev[FG_MAX_GPUS * (1 + FG_MAX_MIG)];
+static struct fg_event_set *g_sets;
+
+/* ---------------------------------------------------------------- init */
+
+static void log_once(const char *fmt, const char *a, const char *b)
+{
+    if (g_logged)
+        return;
+    g_logged = 1;
+    fprintf(stderr, "fake-gpu (libnvidia-ml.so.1): nvmlInit failed: ");
+    fprintf(stderr, fmt, a, b);
+    fputc('\n', stderr);
+}
+
+static struct fg_device *mig_slot(unsigned int gpu, unsigned int mig)
+{
+    return &g_dev[FG_MAX_GPUS + gpu * FG_MAX_MIG + mig];
+}
+
+static nvmlReturn_t load_config(void)
+{
+    const char *path = getenv("FAKE_GPU_CONFIG");
+    if (!path || !*path) {
+        log_once("%s%s", "FAKE_GPU_CONFIG is not set; point it at a file written by "
+                         "`gpulab fake-gpu render`",
+                 "");
+        return NVML_ERROR_LIBRARY_NOT_FOUND;
+    }
+    char err[256];
+    if (fg_config_load(path, &g_cfg, err, sizeof err) != 0) {
+        int missing = !strncmp(err, "cannot open", 11);
+        char where[PATH_MAX + 64];
+        snprintf(where, sizeof where, "FAKE_GPU_CONFIG=%s: ", path);
+        log_once("%s%s", where, err);
+        return missing ? NVML_ERROR_LIBRARY_NOT_FOUND : NVML_ERROR_UNKNOWN;
+    }
+    const char *state = getenv("FAKE_GPU_STATE_DIR");
+    if (state && *state) {
+        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", state);
+    } else if (g_cfg.state_dir[0]) {
+        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", g_cfg.state_dir);
+    } else {
+        char copy[PATH_MAX];
+        snprintf(copy, sizeof copy, "%s", path);
+        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", dirname(copy));
+    }
+    memset(g_dev, 0, sizeof g_dev);
+    for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
+        g_dev[i] = (struct fg_device){1, i, -1};
+        for (unsigned int j = 0; j < g_cfg.gpus[i].mig_count; j++)
+            *mig_slot(i, j) = (struct fg_device){1, i, (int)j};
+    }
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags; /* NO_GPUS / NO_ATTACH change nothing for simulated GPUs */
+    nvmlReturn_t rc = NVML_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    if (!g_loaded) {
+        rc = load_config();
+        g_loaded = rc == NVML_SUCCESS;
+    }
+    if (rc == NVML_SUCCESS)
+        __atomic_add_fetch(&g_refcount, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+NVML_API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+NVML_API nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+NVML_API nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    if (g_refcount == 0)
+        rc = NVML_ERROR_UNINITIALIZED;
+    else
+        __atomic_sub_fetch(&g_refcount, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static int initialized(void) { return __atomic_load_n(&g_refcount, __ATOMIC_SEQ_CST) > 0; }
+
+NVML_API const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_MEMORY: return "Insufficient Memory";
+    case NVML_ERROR_NO_DATA: return "No data";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    case NVML_ERROR_DEPRECATED: return "Deprecated";
+    case NVML_ERROR_NOT_READY: return "Not ready";
+    case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
+    case NVML_ERROR_INVALID_STATE: return "Invalid state";
+    default: return "Unknown Error";
+    }
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static nvmlReturn_t put_str(char *buf, unsigned int len, const char *value)
+{
+    if (!buf)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(buf, value, strlen(value) + 1);
+    return NVML_SUCCESS;
+}
+
+/* Resolve a handle: NULL, foreign pointers and empty slots are invalid arguments. */
+static nvmlReturn_t lookup(nvmlDevice_t h, struct fg_device **out)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    uintptr_t p = (uintptr_t)h, base = (uintptr_t)g_dev;
+    if (p < base || p >= base + sizeof g_dev || (p - base) % sizeof(struct fg_device))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!h->present)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = h;
+    return NVML_SUCCESS;
+}
+
+/* Most queries need a device and a non-NULL out pointer. */
+#define DEVICE(h, d, outp)                                                                    \
+    struct fg_device *d;                                                                       \
+    do {                                                                                       \
+        nvmlReturn_t rc_ = lookup(h, &d);                                                      \
+        if (rc_ != NVML_SUCCESS)                                                               \
+            return rc_;                                                                        \
+        if (!(outp))                                                                           \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                \
+    } while (0)
+
+static const struct fg_gpu *gpu_of(const struct fg_device *d) { return &g_cfg.gpus[d->gpu]; }
+
+static const struct fg_mig *mig_of(const struct fg_device *d)
+{
+    return &g_cfg.gpus[d->gpu].mig[d->mig];
+}
+
+static const struct fg_gi_profile *mig_profile(const struct fg_device *d)
+{
+    return &gpu_of(d)->gi[mig_of(d)->profile];
+}
+
+/* ---------------------------------------------------------------- system */
+
+NVML_API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    return put_str(version, length, g_cfg.driver_version);
+}
+
+NVML_API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    return put_str(version, length, g_cfg.nvml_version);
+}
+
+NVML_API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!cudaDriverVersion)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *cudaDriverVersion = g_cfg.cuda_driver_version;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+/* ---------------------------------------------------------------- enumeration */
+
+NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!deviceCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *deviceCount = g_cfg.gpu_count;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
+{
+    return nvmlDeviceGetCount_v2(deviceCount);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!device || index >= g_cfg.gpu_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &g_dev[index];
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
+        const struct fg_gpu *g = &g_cfg.gpus[i];
+        if (!strcasecmp(uuid, g->uuid)) {
+            *device = &g_dev[i];
+            return NVML_SUCCESS;
+        }
+        for (unsigned int j = 0; j < g->mig_count; j++) {
+            if (!strcasecmp(uuid, g->mig[j].uuid)) {
+                *device = mig_slot(i, j);
+                return NVML_SUCCESS;
+            }
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* Accepts "domain:bus:device.function" with a 4- or 8-digit domain, any case. */
+NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    unsigned int dom, bus, dev, fn;
+    int n = 0;
+    if (!pciBusId || !device ||
+        sscanf(pciBusId, "%x:%x:%x.%x%n", &dom, &bus, &dev, &fn, &n) != 4 || pciBusId[n])
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
+        const struct fg_gpu *g = &g_cfg.gpus[i];
+        if (g->domain == dom && g->bus == bus && g->device == dev && fn == 0) {
+            *device = &g_dev[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+/* ---------------------------------------------------------------- identity */
+
+NVML_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    DEVICE(device, d, name);
+    if (d->mig < 0)
+        return put_str(name, length, gpu_of(d)->name);
+    char buf[FG_STR + 48];
+    snprintf(buf, sizeof buf, "%s MIG %s", gpu_of(d)->name, mig_profile(d)->name);
+    return put_str(name, length, buf);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    DEVICE(device, d, uuid);
+    return put_str(uuid, length, d->mig < 0 ? gpu_of(d)->uuid : mig_of(d)->uuid);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    DEVICE(device, d, serial);
+    if (!gpu_of(d)->serial[0])
+        return NVML_ERROR_NOT_SUPPORTED;
+    return put_str(serial, length, gpu_of(d)->serial);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+    DEVICE(device, d, minorNumber);
+    if (d->mig >= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *minorNumber = d->gpu;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    DEVICE(device, d, index);
+    if (d->mig >= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *index = d->gpu;
+    return NVML_SUCCESS;
+}
+
+static void fill_pci(const struct fg_gpu *g, nvmlPciInfo_t *pci, int legacy)
+{
+    /* v1/v2 callers pass the older, shorter struct: only its prefix may be written */
+    size_t size = legacy ? offsetof(nvmlPciInfo_t, busId) + 16 : sizeof *pci;
+    nvmlPciInfo_t tmp;
+    memset(&tmp, 0, sizeof tmp);
+    snprintf(tmp.busIdLegacy, sizeof tmp.busIdLegacy, "%04X:%02X:%02X.0", g->domain & 0xFFFF,
+             g->bus, g->device);
+    tmp.domain = g->domain;
+    tmp.bus = g->bus;
+    tmp.device = g->device;
+    tmp.pciDeviceId = g->pci_device_id;
+    tmp.pciSubSystemId = g->pci_subsystem_id;
+    if (!legacy)
+        snprintf(tmp.busId, sizeof tmp.busId, "%s", g->bus_id);
+    memcpy(pci, &tmp, size);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    DEVICE(device, d, pci);
+    fill_pci(gpu_of(d), pci, 0);
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    DEVICE(device, d, pci);
+    fill_pci(gpu_of(d), pci, 1);
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v2(device, pci);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, unsigned int *type)
+{
+    DEVICE(device, d, type);
+    *type = gpu_of(d)->brand;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *arch)
+{
+    DEVICE(device, d, arch);
+    *arch = gpu_of(d)->architecture;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
+                                                          int *minor)
+{
+    DEVICE(device, d, major && minor);
+    *major = gpu_of(d)->cc_major;
+    *minor = gpu_of(d)->cc_minor;
+    return NVML_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static unsigned long long total_bytes(const struct fg_device *d)
+{
+    unsigned long long mib = d->mig < 0 ? gpu_of(d)->memory_mib : mig_profile(d)->memory_mib;
+    return mib * 1024ULL * 1024ULL;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    DEVICE(device, d, memory);
+    memory->total = total_bytes(d);
+    memory->free = memory->total;
+    memory->used = 0;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    DEVICE(device, d, memory);
+    if (memory->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory->total = total_bytes(d);
+    memory->reserved = 0;
+    memory->free = memory->total;
+    memory->used = 0;
+    return NVML_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- topology */
+
+NVML_API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
+{
+    DEVICE(device, d, node);
+    *node = (unsigned int)gpu_of(d)->numa_node;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize,
+                                                unsigned long *cpuSet)
+{
+    DEVICE(device, d, cpuSet);
+    if (cpuSetSize == 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fg_gpu *g = gpu_of(d);
+    const unsigned int bits = 8 * sizeof(unsigned long);
+    memset(cpuSet, 0, cpuSetSize * sizeof(unsigned long));
+    for (unsigned int c = g->cpu_first; c < g->cpu_first + g->cpu_count; c++)
+        if (c / bits < cpuSetSize)
+            cpuSet[c / bits] |= 1UL << (c % bits);
+    return NVML_SUCCESS;
+}
+
+/* PCIe topology only (NVLink is reported separately): the same GPU is INTERNAL, GPUs
+ * on one NUMA node meet at its CPU (NODE), others cross the socket link (SYSTEM). */
+NVML_API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1,
+                                                           nvmlDevice_t device2,
+                                                           unsigned int *pathInfo)
+{
+    DEVICE(device1, a, pathInfo);
+    struct fg_device *b;
+    nvmlReturn_t rc = lookup(device2, &b);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (a->gpu == b->gpu)
+        *pathInfo = NVML_TOPOLOGY_INTERNAL;
+    else if (gpu_of(a)->numa_node == gpu_of(b)->numa_node)
+        *pathInfo = NVML_TOPOLOGY_NODE;
+    else
+        *pathInfo = NVML_TOPOLOGY_SYSTEM;
+    return NVML_SUCCESS;
+}
+
+static int nvlink_peers(const struct fg_gpu *g, unsigned int other)
+{
+    for (unsigned int p = 0; p < g->npeers; p++)
+        if (g->peers[p] == other)
+            return 1;
+    return 0;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
+                                              unsigned int p2pIndex, unsigned int *p2pStatus)
+{
+    DEVICE(device1, a, p2pStatus);
+    struct fg_device *b;
+    nvmlReturn_t rc = lookup(device2, &b);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (p2pIndex > NVML_P2P_CAPS_INDEX_PROP)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int linked = nvlink_peers(gpu_of(a), b->gpu);
+    int same_node = gpu_of(a)->numa_node == gpu_of(b)->numa_node;
+    if (p2pIndex == NVML_P2P_CAPS_INDEX_NVLINK)
+        *p2pStatus = linked ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    else
+        *p2pStatus = (linked || same_node || a->gpu == b->gpu)
+                         ? NVML_P2P_STATUS_OK
+                         : NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+/* Links are spread round-robin over the profile's NVLink peers, so an 8-GPU NVSwitch
+ * board with 12 links per A100 reports every link active and every peer reachable. */
+static nvmlReturn_t nvlink_check(const struct fg_device *d, unsigned int link)
+{
+    const struct fg_gpu *g = gpu_of(d);
+    if (d->mig >= 0 || g->nvlinks == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= g->nvlinks)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                                unsigned int *isActive)
+{
+    DEVICE(device, d, isActive);
+    nvmlReturn_t rc = nvlink_check(d, link);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    *isActive = gpu_of(d)->npeers > 0;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                           nvmlPciInfo_t *pci)
+{
+    DEVICE(device, d, pci);
+    nvmlReturn_t rc = nvlink_check(d, link);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    const struct fg_gpu *g = gpu_of(d);
+    if (g->npeers == 0)
+        return NVML_ERROR_NOT_SUPPORTED; /* link not trained */
+    fill_pci(&g_cfg.gpus[g->peers[link % g->npeers]], pci, 0);
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+                                                        nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci);
+}
+
+/* ---------------------------------------------------------------- MIG */
+
+NVML_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                            unsigned int *pendingMode)
+{
+    DEVICE(device, d, currentMode && pendingMode);
+    if (d->mig >= 0 || !gpu_of(d)->mig_capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *currentMode = *pendingMode = (unsigned int)gpu_of(d)->mig_mode;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    DEVICE(device, d, count);
+    if (d->mig >= 0 || !gpu_of(d)->mig_capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *count = FG_MAX_MIG;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                           nvmlDevice_t *migDevice)
+{
+    DEVICE(device, d, migDevice);
+    if (d->mig >= 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu_of(d)->mig_capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (index >= FG_MAX_MIG)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (index >= gpu_of(d)->mig_count)
+        return NVML_ERROR_NOT_FOUND;
+    *migDevice = mig_slot(d->gpu, index);
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                                    nvmlDevice_t *device)
+{
+    DEVICE(migDevice, d, device);
+    if (d->mig < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *device = &g_dev[d->gpu];
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    DEVICE(device, d, isMigDevice);
+    *isMigDevice = d->mig >= 0;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    DEVICE(device, d, id);
+    if (d->mig < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *id = mig_of(d)->gi_id;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    DEVICE(device, d, id);
+    if (d->mig < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *id = mig_of(d)->ci_id;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t gi_profile(nvmlDevice_t device, unsigned int profile,
+                               const struct fg_gi_profile **out)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup(device, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (d->mig >= 0 || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu_of(d)->mig_capable || !gpu_of(d)->gi[profile].present)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *out = &gpu_of(d)->gi[profile];
+    return NVML_SUCCESS;
+}
+
+#define FILL_GI_INFO(info, p)                                                                  \
+    do {                                                                                       \
+        (info)->id = (p)->id;                                                                  \
+        (info)->isP2pSupported = 0;                                                            \
+        (info)->sliceCount = (p)->slices;                                                      \
+        (info)->instanceCount = (p)->instances;                                                \
+        (info)->multiprocessorCount = (p)->sms;                                                \
+        (info)->copyEngineCount = (p)->slices;                                                 \
+        (info)->decoderCount = (p)->slices / 2;                                                \
+        (info)->encoderCount = 0;                                                              \
+        (info)->jpegCount = (p)->slices == 7 ? 1 : 0;                                          \
+        (info)->ofaCount = (p)->slices == 7 ? 1 : 0;                                           \
+        (info)->memorySizeMB = (p)->memory_mib;                                                \
+    } while (0)
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device,
+                                                           unsigned int profile,
+                                                           nvmlGpuInstanceProfileInfo_t *info)
+{
+    const struct fg_gi_profile *p;
+    nvmlReturn_t rc = gi_profile(device, profile, &p);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    FILL_GI_INFO(info, p);
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device,
+                                                            unsigned int profile,
+                                                            nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    const struct fg_gi_profile *p;
+    nvmlReturn_t rc = gi_profile(device, profile, &p);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlGpuInstanceProfileInfo_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    FILL_GI_INFO(info, p);
+    snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+    return NVML_SUCCESS;
+}
+
+/* A GPU instance is represented by the MIG device that lives in it (one compute instance
+ * per GPU instance, as the profiles define them). */
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                                    nvmlGpuInstance_t *gpuInstance)
+{
+    DEVICE(device, d, gpuInstance);
+    if (d->mig >= 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu_of(d)->mig_capable || !gpu_of(d)->mig_mode)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int j = 0; j < gpu_of(d)->mig_count; j++) {
+        if (gpu_of(d)->mig[j].gi_id == id) {
+            *gpuInstance = mig_slot(d->gpu, j);
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
+                                             nvmlGpuInstanceInfo_t *info)
+{
+    DEVICE(gpuInstance, d, info);
+    if (d->mig < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int start = 0;
+    for (int j = 0; j < d->mig; j++)
+        start += gpu_of(d)->gi[gpu_of(d)->mig[j].profile].slices;
+    info->device = &g_dev[d->gpu];
+    info->id = mig_of(d)->gi_id;
+    info->profileId = mig_profile(d)->id;
+    info->placement.start = start;
+    info->placement.size = mig_profile(d)->slices;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
+                                                 nvmlDeviceAttributes_t *attributes)
+{
+    DEVICE(device, d, attributes);
+    if (d->mig < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    const struct fg_gi_profile *p = mig_profile(d);
+    memset(attributes, 0, sizeof *attributes);
+    attributes->multiprocessorCount = p->sms;
+    attributes->sharedCopyEngineCount = p->slices;
+    attributes->sharedDecoderCount = p->slices / 2;
+    attributes->gpuInstanceSliceCount = p->slices;
+    attributes->computeInstanceSliceCount = p->slices;
+    attributes->memorySizeMB = p->memory_mib;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device,
+                                              nvmlDeviceAttributes_t *attributes)
+{
+    return nvmlDeviceGetAttributes_v2(device, attributes);
+}
+
+/* ---------------------------------------------------------------- steady-state readings
+ * Fixed, idle values so nvidia-smi-like tools have something to print. */
+
+NVML_API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensorType,
+                                                unsigned int *temp)
+{
+    DEVICE(device, d, temp);
+    if (sensorType != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *temp = 30 + d->gpu % 8;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+                                                     nvmlUtilization_t *utilization)
+{
+    DEVICE(device, d, utilization);
+    if (d->mig >= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    utilization->gpu = 0;
+    utilization->memory = 0;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, unsigned int *pState)
+{
+    DEVICE(device, d, pState);
+    *pState = 0;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned int *mode)
+{
+    DEVICE(device, d, mode);
+    *mode = 1;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode)
+{
+    DEVICE(device, d, mode);
+    *mode = 0; /* NVML_COMPUTEMODE_DEFAULT */
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current,
+                                            unsigned int *pending)
+{
+    DEVICE(device, d, current && pending);
+    *current = *pending = 1;
+    return NVML_SUCCESS;
+}
+
+/* No process ever runs on a simulated GPU: an empty list, whatever the struct version. */
+static nvmlReturn_t no_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos)
+{
+    (void)infos;
+    DEVICE(device, d, infoCount);
+    *infoCount = 0;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                              unsigned int *infoCount,
+                                                              void *infos)
+{
+    return no_processes(device, infoCount, infos);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                              unsigned int *infoCount,
+                                                              void *infos)
+{
+    return no_processes(device, infoCount, infos);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                           unsigned int *infoCount, void *infos)
+{
+    return no_processes(device, infoCount, infos);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                               unsigned int *infoCount,
+                                                               void *infos)
+{
+    return no_processes(device, infoCount, infos);
+}
+
+/* ---------------------------------------------------------------- events */
+
+#define SUPPORTED_EVENTS                                                                       \
+    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |   \
+     nvmlEventTypeXidCriticalError | nvmlEventTypeClock | nvmlEventTypePowerSourceChange)
+
+static unsigned long long supported_events(const struct fg_gpu *g)
+{
+    return SUPPORTED_EVENTS | (g->mig_capable ? nvmlEventMigConfigChange : 0);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                        unsigned long long *eventTypes)
+{
+    DEVICE(device, d, eventTypes);
+    if (d->mig >= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *eventTypes = supported_events(gpu_of(d));
+    return NVML_SUCCESS;
+}
+
+/* Caller holds g_lock. */
+static int set_is_live(const struct fg_event_set *set)
+{
+    for (const struct fg_event_set *s = g_sets; s; s = s->next)
+        if (s == set)
+            return 1;
+    return 0;
+}
+
+static void enqueue(struct fg_event_set *set, unsigned int gpu, unsigned long long type,
+                    unsigned long long data)
+{
+    if (set->count == EVENT_QUEUE_CAP)
+        return; /* a consumer that never waits loses the newest events, not memory */
+    int mig = g_cfg.gpus[gpu].mig_mode;
+    nvmlEventData_t *e = &set->queue[(set->head + set->count++) % EVENT_QUEUE_CAP];
+    e->device = &g_dev[gpu];
+    e->eventType = type;
+    e->eventData = data;
+    /* GPU-wide faults on a MIG-enabled GPU name no instance, like real Xid events */
+    e->gpuInstanceId = mig ? NO_INSTANCE : 0;
+    e->computeInstanceId = mig ? NO_INSTANCE : 0;
+}
+
+NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fg_event_set *s = calloc(1, sizeof *s);
+    if (!s)
+        return NVML_ERROR_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    /* only faults injected from now on are news; older active ones are replayed on
+     * registration */
+    s->offset = fg_log_size(g_log_path);
+    s->next = g_sets;
+    g_sets = s;
+    pthread_mutex_unlock(&g_lock);
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t rc = NVML_ERROR_INVALID_ARGUMENT;
+    for (struct fg_event_set **p = &g_sets; *p; p = &(*p)->next) {
+        if (*p == set) {
+            *p = set->next;
+            free(set);
+            rc = NVML_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+struct active_faults {
+    int gpu;
+    unsigned int count;
+    unsigned long long type[MAX_ACTIVE_FAULTS], data[MAX_ACTIVE_FAULTS];
+};
+
+static void collect_active(const struct fg_fault_line *l, void *ctx)
+{
+    struct active_faults *a = ctx;
+    if (l->is_clear) {
+        if (l->gpu < 0 || l->gpu == a->gpu)
+            a->count = 0;
+    } else if (l->gpu == a->gpu && a->count < MAX_ACTIVE_FAULTS) {
+        a->type[a->count] = l->event_type;
+        a->data[a->count++] = l->event_data;
+    }
+}
+
+NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                                nvmlEventSet_t set)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup(device, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (d->mig >= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned long long mask = eventTypes & supported_events(gpu_of(d));
+    if (!mask)
+        return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_lock);
+    if (!set_is_live(set)) {
+        pthread_mutex_unlock(&g_lock);
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    unsigned long long added = mask & ~set->mask[d->gpu];
+    set->mask[d->gpu] |= mask;
+    /* A fault injected before this consumer started is still the device's state: replay
+     * the uncleared ones so a restarted device plugin sees the GPU as it is. */
+    struct active_faults active = {.gpu = (int)d->gpu};
+    long upto = 0;
+    fg_log_read(g_log_path, &upto, set->offset, collect_active, &active);
+    for (unsigned int k = 0; k < active.count; k++)
+        if (active.type[k] & added)
+            enqueue(set, d->gpu, active.type[k], active.data[k]);
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+static void deliver_new(const struct fg_fault_line *l, void *ctx)
+{
+    struct fg_event_set *set = ctx;
+    if (l->is_clear || l->gpu < 0 || (unsigned int)l->gpu >= g_cfg.gpu_count)
+        return;
+    if (set->mask[l->gpu] & l->event_type)
+        enqueue(set, (unsigned int)l->gpu, l->event_type, l->event_data);
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Polls the fault log every POLL_INTERVAL_MS without holding the lock while asleep, so
+ * other threads keep querying devices while an event thread waits. */
+NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                           unsigned int timeoutms)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    long long deadline = now_ms() + timeoutms;
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        if (!set_is_live(set)) {
+            pthread_mutex_unlock(&g_lock);
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        fg_log_read(g_log_path, &set->offset, -1, deliver_new, set);
+        if (set->count) {
+            *data = set->queue[set->head];
+            set->head = (set->head + 1) % EVENT_QUEUE_CAP;
+            set->count--;
+            pthread_mutex_unlock(&g_lock);
+            return NVML_SUCCESS;
+        }
+        pthread_mutex_unlock(&g_lock);
+        long long left = deadline - now_ms();
+        if (left <= 0)
+            return NVML_ERROR_TIMEOUT;
+        long long nap = left < POLL_INTERVAL_MS ? left : POLL_INTERVAL_MS;
+        struct timespec ts = {.tv_sec = nap / 1000, .tv_nsec = (nap % 1000) * 1000000};
+        while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+            ;
+    }
+}
+
+NVML_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data,
+                                        unsigned int timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}

@@ -1,0 +1,507 @@
+"""The NVML shim seen through NVIDIA's own pynvml, one subprocess per scenario (pynvml
+and the shim keep per-process state, and a crash must fail a test, not pytest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpulab.fakegpu import faults, nvml, paths, profiles, render
+
+NODE = "gpu-node-1"
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_UNKNOWN = 999
+TOPOLOGY_INTERNAL, TOPOLOGY_NODE, TOPOLOGY_SYSTEM = 0, 40, 50
+
+
+@pytest.fixture(scope="session")
+def shim() -> Path:
+    subprocess.run(["make", "-s", "-C", str(paths.SHIM_DIR)], check=True)
+    assert paths.SHIM_LIB.is_file()
+    return paths.SHIM_LIB
+
+
+def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_GPU")}
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def probe(code: str, env: dict[str, str]) -> object:
+    """Run ``code`` (which prints one JSON document) against the shim and parse it."""
+    proc = run_python(code, env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+PROBE_ALL = """
+    import json, pynvml as N
+
+    def err(fn, *a):
+        try:
+            fn(*a)
+            return None
+        except N.NVMLError as e:
+            return e.value
+
+    N.nvmlInit()
+    out = {"driver": N.nvmlSystemGetDriverVersion(), "cuda": N.nvmlSystemGetCudaDriverVersion(),
+           "count": N.nvmlDeviceGetCount(), "gpus": [],
+           "bad_index": err(N.nvmlDeviceGetHandleByIndex, N.nvmlDeviceGetCount())}
+    handles = [N.nvmlDeviceGetHandleByIndex(i) for i in range(out["count"])]
+    for i, h in enumerate(handles):
+        pci = N.nvmlDeviceGetPciInfo(h)
+        g = {"name": N.nvmlDeviceGetName(h), "uuid": N.nvmlDeviceGetUUID(h),
+             "index": N.nvmlDeviceGetIndex(h), "minor": N.nvmlDeviceGetMinorNumber(h),
+             "bus": pci.busId, "pci_id": pci.pciDeviceId,
+             "mem": N.nvmlDeviceGetMemoryInfo(h).total,
+             "mem_v2": N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).total,
+             "cc": list(N.nvmlDeviceGetCudaComputeCapability(h)),
+             "numa": N.nvmlDeviceGetNumaNodeId(h), "arch": N.nvmlDeviceGetArchitecture(h),
+             "cpus": list(N.nvmlDeviceGetCpuAffinity(h, 2)),
+             "by_uuid": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(h))),
+             "by_bus": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId(pci.busId)),
+             "topo": [N.nvmlDeviceGetTopologyCommonAncestor(h, o) for o in handles],
+             "p2p_nvlink": [N.nvmlDeviceGetP2PStatus(h, o, N.NVML_P2P_CAPS_INDEX_NVLINK)
+                            for o in handles],
+             "mig_mode_err": err(N.nvmlDeviceGetMigMode, h), "migs": []}
+        try:
+            g["nvlink"] = [N.nvmlDeviceGetNvLinkState(h, 0),
+                           N.nvmlDeviceGetNvLinkRemotePciInfo(h, 0).busId]
+        except N.NVMLError as e:
+            g["nvlink"] = e.value
+        if g["mig_mode_err"] is None:
+            g["mig_mode"] = N.nvmlDeviceGetMigMode(h)
+            g["max_mig"] = N.nvmlDeviceGetMaxMigDeviceCount(h)
+            for j in range(g["max_mig"]):
+                try:
+                    m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+                except N.NVMLError_NotFound:
+                    continue
+                parent = N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)
+                gi = N.nvmlDeviceGetGpuInstanceById(h, N.nvmlDeviceGetGpuInstanceId(m))
+                g["migs"].append({
+                    "uuid": N.nvmlDeviceGetUUID(m), "name": N.nvmlDeviceGetName(m),
+                    "mem": N.nvmlDeviceGetMemoryInfo(m).total,
+                    "is_mig": bool(N.nvmlDeviceIsMigDeviceHandle(m).value),
+                    "parent": N.nvmlDeviceGetIndex(parent),
+                    "gi": N.nvmlDeviceGetGpuInstanceId(m),
+                    "ci": N.nvmlDeviceGetComputeInstanceId(m),
+                    "slices": N.nvmlDeviceGetAttributes(m).gpuInstanceSliceCount,
+                    "gi_profile_id": N.nvmlGpuInstanceGetInfo(gi).profileId,
+                    "by_uuid_is_mig": bool(N.nvmlDeviceIsMigDeviceHandle(
+                        N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(m))).value),
+                })
+            g["gi_profiles"] = {}
+            for p in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+                try:
+                    info = N.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
+                except N.NVMLError_NotSupported:
+                    continue
+                g["gi_profiles"][info.name] = [info.id, info.sliceCount, info.memorySizeMB,
+                                               info.instanceCount]
+        out["gpus"].append(g)
+    N.nvmlShutdown()
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("name", profiles.available())
+def test_every_profile_through_pynvml(shim: Path, tmp_path: Path, name: str) -> None:
+    profile = profiles.load(name)
+    got = probe(PROBE_ALL, nvml.shim_env(NODE, name, tmp_path))
+    assert got["driver"] == profile.driver_version
+    assert got["cuda"] == profile.cuda_driver_version
+    assert got["count"] == len(profile.gpus)
+    assert got["bad_index"] == NVML_ERROR_INVALID_ARGUMENT
+    for gpu, g in zip(profile.gpus, got["gpus"], strict=True):
+        i = gpu.index
+        assert g["name"] == gpu.model.name
+        assert g["uuid"] == profiles.gpu_uuid(NODE, i)
+        assert g["index"] == g["minor"] == g["by_uuid"] == g["by_bus"] == i
+        assert g["bus"] == gpu.pci_bus_id
+        assert g["pci_id"] == render.BOARDS[gpu.model.name].pci_device_id
+        assert g["mem"] == g["mem_v2"] == gpu.model.memory_mib * 2**20
+        assert tuple(g["cc"]) == gpu.model.compute_capability
+        assert g["numa"] == gpu.numa_node
+        first = gpu.numa_node * render.CPUS_PER_NUMA_NODE
+        cpus = {w * 64 + b for w, word in enumerate(g["cpus"]) for b in range(64) if word >> b & 1}
+        assert cpus == set(range(first, first + render.CPUS_PER_NUMA_NODE))
+        for other, level in zip(profile.gpus, g["topo"], strict=True):
+            if other.index == i:
+                assert level == TOPOLOGY_INTERNAL
+            elif other.numa_node == gpu.numa_node:
+                assert level == TOPOLOGY_NODE
+            else:
+                assert level == TOPOLOGY_SYSTEM
+        assert [s == 0 for s in g["p2p_nvlink"]] == [
+            o.index in gpu.nvlink_peers for o in profile.gpus
+        ]
+        if render.BOARDS[gpu.model.name].nvlinks == 0:
+            assert g["nvlink"] == NVML_ERROR_NOT_SUPPORTED
+        elif gpu.nvlink_peers:
+            assert g["nvlink"] == [1, profile.gpus[gpu.nvlink_peers[0]].pci_bus_id]
+        else:
+            assert g["nvlink"] == NVML_ERROR_NOT_SUPPORTED  # no peer: link 0 not trained
+        if not gpu.model.mig_capable:
+            assert g["mig_mode_err"] == NVML_ERROR_NOT_SUPPORTED
+            continue
+        assert g["mig_mode"] == [int(gpu.mig_enabled)] * 2
+        assert g["max_mig"] == 7
+        assert [m["uuid"] for m in g["migs"]] == [
+            profiles.mig_uuid(NODE, i, j) for j in range(len(gpu.mig_instances))
+        ]
+        for j, (mp, m) in enumerate(zip(gpu.mig_instances, g["migs"], strict=True)):
+            assert m["name"] == f"{gpu.model.name} MIG {mp.name}"
+            assert m["mem"] == mp.memory_mib * 2**20
+            assert m["is_mig"] and m["by_uuid_is_mig"] and m["parent"] == i
+            assert (m["gi"], m["ci"]) == (j + 1, 0)
+            assert m["slices"] == mp.slices
+            assert m["gi_profile_id"] == render.gi_profile_ids(gpu.model, mp)[1]
+        assert g["gi_profiles"] == {
+            f"MIG {mp.name}": [
+                render.gi_profile_ids(gpu.model, mp)[1],
+                mp.slices,
+                mp.memory_mib,
+                mp.max_count,
+            ]
+            for mp in gpu.model.mig_profiles
+        }
+
+
+def test_a100_40gb_mig_profile_ids_match_nvidia_smi(shim: Path, tmp_path: Path) -> None:
+    """The GI profile IDs nvidia-smi prints for an A100-SXM4-40GB (mig -lgip)."""
+    got = probe(PROBE_ALL, nvml.shim_env(NODE, "a100-sxm4-40gb-x8", tmp_path))
+    ids = {name: v[0] for name, v in got["gpus"][0]["gi_profiles"].items()}
+    assert ids == {
+        "MIG 1g.5gb": 19,
+        "MIG 1g.10gb": 15,
+        "MIG 2g.10gb": 14,
+        "MIG 3g.20gb": 9,
+        "MIG 4g.20gb": 5,
+        "MIG 7g.40gb": 0,
+    }
+    assert got["gpus"][0]["mig_mode"] == [0, 0]  # capable, not enabled in this profile
+
+
+# --------------------------------------------------------------------------- init errors
+
+INIT = """
+    import pynvml as N
+    for _ in range(2):
+        try:
+            N.nvmlInit()
+            print("ok")
+        except N.NVMLError as e:
+            print(e.value)
+"""
+
+
+def test_init_without_config_env_is_library_not_found(shim: Path) -> None:
+    proc = run_python(INIT, {"LD_LIBRARY_PATH": str(shim.parent)})
+    assert proc.stdout.split() == [str(NVML_ERROR_LIBRARY_NOT_FOUND)] * 2
+    assert proc.stderr.count("nvmlInit failed") == 1  # logged once per process
+    assert "FAKE_GPU_CONFIG is not set" in proc.stderr
+
+
+def test_init_with_missing_file_names_env_and_file(shim: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "config"
+    env = {"LD_LIBRARY_PATH": str(shim.parent), nvml.ENV_CONFIG: str(missing)}
+    proc = run_python(INIT, env)
+    assert proc.stdout.split() == [str(NVML_ERROR_LIBRARY_NOT_FOUND)] * 2
+    assert f"FAKE_GPU_CONFIG={missing}" in proc.stderr
+    assert proc.stderr.count("nvmlInit failed") == 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda t: t.replace("gpu.0.memory_mib=", "gpu.0.memory="), "line"),
+        (lambda t: t.replace("gpu_count=8", "gpu_count=9"), "gpu.8"),
+        (lambda t: t.replace("version=1\n", "version=7\n", 1), "line"),
+        (lambda t: t + "gpu.0.nvlinks=twelve\n", "line"),
+        (lambda t: "\n".join(x for x in t.splitlines() if not x.startswith("gpu.2.uuid")), "gpu.2"),
+        (lambda t: t + "no equals sign\n", "key=value"),
+    ],
+)
+def test_init_with_malformed_file_is_unknown_error(
+    shim: Path, tmp_path: Path, edit, reason
+) -> None:
+    good = render.render(profiles.load("a100-sxm4-40gb-x8"), NODE)
+    config = tmp_path / "config"
+    config.write_text(edit(good))
+    env = {"LD_LIBRARY_PATH": str(shim.parent), nvml.ENV_CONFIG: str(config)}
+    proc = run_python(INIT, env)
+    assert proc.stdout.split() == [str(NVML_ERROR_UNKNOWN)] * 2
+    assert f"FAKE_GPU_CONFIG={config}" in proc.stderr and reason in proc.stderr
+
+
+def test_use_shim_in_process_without_ld_library_path(shim: Path, tmp_path: Path) -> None:
+    env = nvml.shim_env(NODE, "t4-x1", tmp_path)
+    env.pop("LD_LIBRARY_PATH")
+    got = probe(
+        """
+        import json, pynvml
+        from gpulab.fakegpu import nvml
+        nvml.use_shim()
+        pynvml.nvmlInit()
+        print(json.dumps(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))))
+        """,
+        env,
+    )
+    assert got == "Tesla T4"
+
+
+# --------------------------------------------------------------------------- events
+
+WAITER = """
+    import json, sys, threading, time, pynvml as N
+    N.nvmlInit()
+    es = N.nvmlEventSetCreate()
+    for i in range(N.nvmlDeviceGetCount()):
+        h = N.nvmlDeviceGetHandleByIndex(i)
+        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError
+                                   | N.nvmlEventTypeDoubleBitEccError, es)
+    queries, stop = [], threading.Event()
+
+    def query_meanwhile():  # a consumer's other threads keep using NVML during the wait
+        while not stop.is_set():
+            h = N.nvmlDeviceGetHandleByIndex(0)
+            queries.append(N.nvmlDeviceGetMemoryInfo(h).total > 0 and N.nvmlDeviceGetName(h))
+
+    t = threading.Thread(target=query_meanwhile)
+    t.start()
+    print("ready", flush=True)
+    want, events = int(sys.argv[1]), []
+    deadline = time.time() + float(sys.argv[2])
+    while len(events) < want and time.time() < deadline:
+        try:
+            d = N.nvmlEventSetWait_v2(es, 200)
+        except N.NVMLError_Timeout:
+            continue
+        events.append({"t": time.time(), "gpu": N.nvmlDeviceGetIndex(d.device),
+                       "type": d.eventType, "data": d.eventData, "gi": d.gpuInstanceId})
+    stop.set()
+    t.join()
+    assert queries and all(queries), "concurrent queries failed"
+    N.nvmlEventSetFree(es)
+    print(json.dumps(events), flush=True)
+"""
+
+
+def start_waiter(env: dict[str, str], want: int, seconds: float) -> subprocess.Popen:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_GPU")}
+    full_env.update(env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(WAITER), str(want), str(seconds)],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    return proc
+
+
+def waiter_events(proc: subprocess.Popen) -> list[dict]:
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
+def test_xid79_reaches_a_waiting_process_within_a_second(shim: Path, tmp_path: Path) -> None:
+    import time
+
+    env = nvml.shim_env(NODE, "a100-sxm4-40gb-x8", tmp_path)
+    waiter = start_waiter(env, want=1, seconds=10)
+    time.sleep(0.3)  # let it block in nvmlEventSetWait_v2
+    t0 = time.time()
+    faults.inject_xid(tmp_path / NODE, 3, faults.XID_FALLEN_OFF_BUS)
+    (event,) = waiter_events(waiter)
+    assert (event["gpu"], event["type"], event["data"]) == (3, faults.EVENT_XID_CRITICAL, 79)
+    assert event["t"] - t0 < 1.0
+
+
+def test_ignored_xid_and_dbe_are_still_delivered(shim: Path, tmp_path: Path) -> None:
+    env = nvml.shim_env(NODE, "a100-80gb-mig-x8", tmp_path)
+    waiter = start_waiter(env, want=3, seconds=10)
+    faults.inject_xid(tmp_path / NODE, 1, 13)
+    faults.inject_ecc_dbe(tmp_path / NODE, 6)
+    events = waiter_events(waiter)
+    assert [(e["gpu"], e["type"], e["data"]) for e in events] == [
+        (1, faults.EVENT_XID_CRITICAL, 13),
+        (6, faults.EVENT_DOUBLE_BIT_ECC, 0),
+        (6, faults.EVENT_XID_CRITICAL, faults.XID_DBE),
+    ]
+    assert all(e["gi"] == 0xFFFFFFFF for e in events)  # GPU-wide on a MIG-enabled GPU
+
+
+def test_active_faults_replay_to_a_restarted_consumer_until_cleared(
+    shim: Path, tmp_path: Path
+) -> None:
+    env = nvml.shim_env(NODE, "t4-x4", tmp_path)
+    ndir = tmp_path / NODE
+    faults.inject_xid(ndir, 2, 79)
+    faults.inject_xid(ndir, 0, 31)
+    replayed = waiter_events(start_waiter(env, want=2, seconds=3))
+    assert sorted((e["gpu"], e["data"]) for e in replayed) == [(0, 31), (2, 79)]
+
+    faults.clear(ndir, 2)
+    replayed = waiter_events(start_waiter(env, want=2, seconds=1))
+    assert [(e["gpu"], e["data"]) for e in replayed] == [(0, 31)]
+
+    faults.clear(ndir)
+    assert waiter_events(start_waiter(env, want=1, seconds=1)) == []
+
+
+def test_nodes_on_one_machine_have_separate_fault_state(shim: Path, tmp_path: Path) -> None:
+    env_a = nvml.shim_env("node-a", "t4-x1", tmp_path)
+    nvml.shim_env("node-b", "t4-x1", tmp_path)
+    faults.inject_xid(tmp_path / "node-b", 0, 79)
+    assert waiter_events(start_waiter(env_a, want=1, seconds=1)) == []
+
+
+# --------------------------------------------------------------------------- robustness
+
+ROBUST = """
+    import ctypes, json, sys
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+    lib.nvmlErrorString.restype = ctypes.c_char_p
+    names = sys.argv[1].split(",")
+    codes = {}
+
+    def call(name, *args):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_char_p if name == "nvmlErrorString" else ctypes.c_int
+        result = fn(*[ctypes.c_void_p(a) for a in args])
+        codes.setdefault(name, []).append(result.decode() if isinstance(result, bytes) else result)
+
+    for name in names:  # before nvmlInit
+        call(name, 0, 0, 0, 0)
+    lib.nvmlShutdown()
+    assert lib.nvmlInit_v2() == 0
+    gpu, mig = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(gpu)) == 0
+    if lib.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0, ctypes.byref(mig)) != 0:
+        mig = gpu  # a profile without MIG
+    for name in names:
+        lib.nvmlInit_v2()  # keeps a stray nvmlShutdown from ending the session
+        call(name, 0, 0, 0, 0)
+        takes_handle = name.startswith(("nvmlDevice", "nvmlGpuInstance")) and not name.startswith(
+            ("nvmlDeviceGetCount", "nvmlDeviceGetHandleBy"))
+        if takes_handle:
+            call(name, gpu.value, 0, 0, 0)
+            call(name, mig.value, 0, 0, 0)
+    out = ctypes.c_void_p()
+    info = (ctypes.c_ubyte * 512)()
+    u = ctypes.c_uint()
+    ranged = {
+        "handle_by_index_99": lib.nvmlDeviceGetHandleByIndex_v2(99, ctypes.byref(out)),
+        "mig_by_index_7": lib.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 7, ctypes.byref(out)),
+        "mig_by_index_5": lib.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 5, ctypes.byref(out)),
+        "nvlink_state_99": lib.nvmlDeviceGetNvLinkState(gpu, 99, ctypes.byref(u)),
+        "nvlink_pci_99": lib.nvmlDeviceGetNvLinkRemotePciInfo_v2(gpu, 99, info),
+        "gi_profile_99": lib.nvmlDeviceGetGpuInstanceProfileInfo(gpu, 99, info),
+        "gi_by_id_99": lib.nvmlDeviceGetGpuInstanceById(gpu, 99, ctypes.byref(out)),
+        "p2p_index_99": lib.nvmlDeviceGetP2PStatus(gpu, gpu, 99, ctypes.byref(u)),
+        "cpu_affinity_0": lib.nvmlDeviceGetCpuAffinity(gpu, 0, info),
+        "bad_handle": lib.nvmlDeviceGetIndex(ctypes.c_void_p(ctypes.addressof(info)),
+                                             ctypes.byref(u)),
+        "name_too_short": lib.nvmlDeviceGetName(gpu, info, 4),
+    }
+    strings = {str(c): lib.nvmlErrorString(c).decode() for c in (0, 2, 3, 12, 999, 12345)}
+    print(json.dumps({"codes": codes, "ranged": ranged, "strings": strings}))
+"""
+
+KNOWN_CODES = set(range(0, 31)) | {999}
+NOT_AN_NVML_CALL = {"nvmlErrorString"}
+INIT_CALLS = {"nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags", "nvmlShutdown"}
+
+
+def exported_functions(lib: Path) -> list[str]:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(lib)], check=True, capture_output=True, text=True
+    ).stdout
+    return sorted(line.split()[2] for line in out.splitlines() if line.split()[1] == "T")
+
+
+@pytest.mark.parametrize("profile", ["a100-80gb-mig-x8", "t4-x4"])
+def test_every_export_survives_null_and_out_of_range_arguments(
+    shim: Path, tmp_path: Path, profile: str
+) -> None:
+    names = exported_functions(shim)
+    assert len(names) > 100 and "nvmlEventSetWait_v2" in names
+    env = nvml.shim_env(NODE, profile, tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(ROBUST), ",".join(names)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"shim crashed or misbehaved (rc {proc.returncode}): {proc.stderr}"
+    got = json.loads(proc.stdout)
+    assert set(got["codes"]) == set(names)
+    for name, codes in got["codes"].items():
+        if name in NOT_AN_NVML_CALL:
+            continue
+        assert set(codes) <= KNOWN_CODES, (name, codes)
+        if name not in INIT_CALLS:
+            # NULL outputs or no handle: never a success
+            assert 0 not in codes, (name, codes)
+    assert got["codes"]["nvmlDeviceGetCount_v2"][0] == 1  # before init: UNINITIALIZED
+    assert got["strings"]["0"] == "Success"
+    assert got["strings"]["12"] == "NVML Shared Library Not Found"
+    assert got["strings"]["12345"] == "Unknown Error"
+    if profile == "t4-x4":
+        assert got["ranged"]["mig_by_index_7"] == NVML_ERROR_NOT_SUPPORTED
+        assert got["ranged"]["nvlink_state_99"] == NVML_ERROR_NOT_SUPPORTED
+        assert got["ranged"]["handle_by_index_99"] == NVML_ERROR_INVALID_ARGUMENT
+        return
+    assert got["ranged"] == {
+        "handle_by_index_99": NVML_ERROR_INVALID_ARGUMENT,
+        "mig_by_index_7": NVML_ERROR_INVALID_ARGUMENT,
+        "mig_by_index_5": 6,  # NOT_FOUND: an empty MIG slot
+        "nvlink_state_99": NVML_ERROR_INVALID_ARGUMENT,
+        "nvlink_pci_99": NVML_ERROR_INVALID_ARGUMENT,
+        "gi_profile_99": NVML_ERROR_INVALID_ARGUMENT,
+        "gi_by_id_99": 6,
+        "p2p_index_99": NVML_ERROR_INVALID_ARGUMENT,
+        "cpu_affinity_0": NVML_ERROR_INVALID_ARGUMENT,
+        "bad_handle": NVML_ERROR_INVALID_ARGUMENT,
+        "name_too_short": 7,  # INSUFFICIENT_SIZE
+    }
+
+
+def test_a_symbol_the_shim_lacks_is_function_not_found_in_pynvml(
+    shim: Path, tmp_path: Path
+) -> None:
+    got = probe(
+        """
+        import json, pynvml as N
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        try:
+            N.nvmlDeviceGetConfComputeMemSizeInfo(h)
+            print(json.dumps("no error"))
+        except N.NVMLError as e:
+            print(json.dumps(e.value))
+        """,
+        nvml.shim_env(NODE, "t4-x1", tmp_path),
+    )
+    assert got == 13  # NVML_ERROR_FUNCTION_NOT_FOUND

@@ -1,0 +1,61 @@
+"""e2e fixtures: one local-backend cluster (harness/clusters/e2e.yaml) for the session.
+
+Every test in this directory is marked `e2e`; `make test` runs them after the unit and
+component tests, against real kube-apiserver / controller-manager / scheduler and kwok.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from gpulab.kube import api_client
+from harness.local import LocalCluster
+from harness.spec import ClusterSpec, load
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@dataclass
+class Cluster:
+    spec: ClusterSpec
+    local: LocalCluster
+    kubeconfig: Path
+    api: client.ApiClient
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    spec = load("e2e")
+    local = LocalCluster(spec)
+    local.down(print)  # a cluster left over from an interrupted run
+    local.up(print)
+    try:
+        yield Cluster(spec, local, local.kubeconfig, api_client(local.kubeconfig))
+    finally:
+        local.down(print)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (pods are admitted)."""
+    from demos.common import wait_for
+
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_for(
+        lambda: core.list_namespaced_service_account(name).items, 30, "default ServiceAccount"
+    )
+    yield name
+    core.delete_namespace(name)

@@ -1,0 +1,67 @@
+"""up / down of a second, tiny cluster: start-up errors leave nothing behind; down frees all."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.local import LocalCluster, pid_alive, port_in_use
+from harness.spec import parse
+
+SPEC = {
+    "name": "gpulab-lifecycle",
+    "ports": {
+        "apiserver": 47443, "etcd": 47379, "etcdPeer": 47380,
+        "controllerManager": 47257, "scheduler": 47259,
+    },
+    "nodes": [{"name": "t4", "profile": "t4-x1"}],
+}
+
+
+def test_up_then_down_leaves_no_process_and_no_port() -> None:
+    local = LocalCluster(parse(SPEC))
+    local.up(print)
+    procs = local.processes()
+    assert {p.name for p in procs} == {
+        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+    }
+    assert all(pid_alive(p.pid, p.exe) for p in procs)
+    assert local.running()
+    local.down(print)
+    assert not any(pid_alive(p.pid, p.exe) for p in procs)
+    assert not any(port_in_use(port) for port in SPEC["ports"].values())
+    assert local.processes() == []
+
+
+def test_port_in_use_is_one_line_and_starts_nothing() -> None:
+    spec = parse({**SPEC, "name": "gpulab-busy"})
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", SPEC["ports"]["etcd"]))
+        squatter.listen()
+        local = LocalCluster(spec)
+        with pytest.raises(HarnessError) as exc:
+            local.up(print)
+    message = str(exc.value)
+    assert "port 47379 (etcd) on 127.0.0.1 is in use" in message
+    assert "set ports.etcd" in message and "\n" not in message
+    assert local.processes() == []
+    assert not port_in_use(SPEC["ports"]["apiserver"])
+
+
+def test_a_component_dying_at_start_up_is_reported_and_cleaned_up() -> None:
+    spec = parse({**SPEC, "name": "gpulab-dies"})
+    local = LocalCluster(spec)
+    local.up(print)
+    try:
+        with pytest.raises(HarnessError, match="exited during start-up: .*log: "):
+            rec = local.start_process("broken", ["/bin/sh", "-c", "echo boom; exit 3"])
+            import time
+
+            time.sleep(0.5)
+            assert not pid_alive(rec.pid, rec.exe)
+            local._check_alive()
+    finally:
+        local.down(print)
+    assert not any(port_in_use(port) for port in SPEC["ports"].values())

@@ -1,0 +1,78 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import binaries
+from harness.errors import HarnessError
+
+KUBE_GOMOD = """module k8s.io/kubernetes
+
+go 1.26.0
+
+require (
+\tk8s.io/api v0.0.0
+)
+
+replace (
+\tk8s.io/api => ./staging/src/k8s.io/api
+\tk8s.io/client-go => ./staging/src/k8s.io/client-go
+)
+"""
+
+ETCD_GOMOD = """module go.etcd.io/etcd/server/v3
+
+replace (
+\tgo.etcd.io/etcd/api/v3 => ../api
+\tgo.etcd.io/etcd/client/v3 => ../client/v3
+)
+
+replace go.etcd.io/etcd => ./FORBIDDEN_DEPENDENCY
+"""
+
+
+def test_staging_replaces_point_at_published_v0_versions() -> None:
+    assert binaries._path_replaces(KUBE_GOMOD, binaries.KUBERNETES) == [
+        ("k8s.io/api", "v0.36.3"),
+        ("k8s.io/client-go", "v0.36.3"),
+    ]
+
+
+def test_etcd_sibling_replaces_use_the_same_version_and_skip_the_guard() -> None:
+    assert binaries._path_replaces(ETCD_GOMOD, binaries.ETCD) == [
+        ("go.etcd.io/etcd/api/v3", "v3.6.16"),
+        ("go.etcd.io/etcd/client/v3", "v3.6.16"),
+    ]
+
+
+def test_binary_names_follow_go_build() -> None:
+    assert binaries._default_binary_name("go.etcd.io/etcd/server/v3") == "server"
+    assert binaries._default_binary_name("k8s.io/kubernetes/cmd/kubectl") == "kubectl"
+
+
+def test_version_ldflags_set_git_version_for_both_version_packages() -> None:
+    flags = " ".join(binaries.KUBERNETES.ldflags)
+    assert "-X k8s.io/component-base/version.gitVersion=v1.36.3" in flags
+    assert "-X k8s.io/client-go/pkg/version.gitMinor=36" in flags
+
+
+def test_corrupt_cached_binary_is_detected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for comp in binaries.COMPONENTS:  # a complete, intact fake cache
+        comp.bin_dir.mkdir(parents=True)
+        for name in comp.commands:
+            (comp.bin_dir / name).write_bytes(f"binary {name}".encode())
+        sums = {name: binaries._sha256(comp.bin_dir / name) for name in comp.commands}
+        (comp.bin_dir / "manifest.json").write_text(json.dumps(sums))
+    binaries.require_built()
+    kwok = binaries.KWOK.binary("kwok")
+    kwok.write_bytes(b"binary kwoK")  # same size, other bytes
+    assert binaries.verify(binaries.KWOK) == [f"cached binary {kwok} is corrupt (checksum mismatch)"]
+    with pytest.raises(HarnessError, match="is corrupt.*run `make binaries`"):
+        binaries.require_built()
+
+
+def test_missing_go_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(binaries.shutil, "which", lambda _name: None)
+    with pytest.raises(HarnessError, match=r"Go toolchain \(`go`\) is not on PATH.*install Go 1.26\+"):
+        binaries.find_go()

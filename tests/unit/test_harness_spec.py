@@ -1,0 +1,59 @@
+from pathlib import Path
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.spec import DEFAULT_PORTS, load, node_object, parse
+
+
+def test_default_spec_expands_and_gives_capacity_from_profiles() -> None:
+    spec = load("default")
+    names = [n.name for n in spec.nodes]
+    assert names == ["gpu-a100", "gpu-a100-mig", "gpu-h100", "gpu-t4", "cpu-only"]
+    a100 = node_object(spec.nodes[0])
+    assert a100["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    assert a100["metadata"]["labels"]["gpulab.io/gpu-profile"] == "a100-sxm4-40gb-x8"
+    assert a100["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    t4 = node_object(spec.nodes[3])
+    assert t4["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+    cpu = node_object(spec.nodes[4])
+    assert "nvidia.com/gpu" not in cpu["status"]["capacity"]
+    assert cpu["status"]["capacity"]["cpu"] == "32"
+
+
+def test_count_expands_to_numbered_nodes() -> None:
+    spec = parse({"nodes": [{"name": "t4", "count": 3, "profile": "t4-x1"}]})
+    assert [n.name for n in spec.nodes] == ["t4-0", "t4-1", "t4-2"]
+    assert spec.ports == DEFAULT_PORTS
+
+
+def test_unknown_profile_names_the_node_and_the_choices() -> None:
+    with pytest.raises(HarnessError, match=r"nodes\[0\] \(n1\): unknown GPU profile 'a200'.*t4-x4"):
+        parse({"nodes": [{"name": "n1", "profile": "a200"}]})
+
+
+def test_duplicate_node_name_is_rejected() -> None:
+    with pytest.raises(HarnessError, match="duplicate node name 'n1-0'"):
+        parse({"nodes": [{"name": "n1", "count": 2}, {"name": "n1-0"}]})
+
+
+@pytest.mark.parametrize(
+    ("ports", "message"),
+    [
+        ({"apiserver": 80}, "1024..65535"),
+        ({"apiserver": 32379}, "must all differ"),
+        ({"kubelet": 10250}, "unknown port 'kubelet'"),
+    ],
+)
+def test_bad_ports(ports: dict, message: str) -> None:
+    with pytest.raises(HarnessError, match=message):
+        parse({"ports": ports, "nodes": [{"name": "n"}]})
+
+
+def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [ {name: x\n")
+    with pytest.raises(HarnessError, match="bad.yaml: not valid YAML"):
+        load(bad)
+    with pytest.raises(HarnessError, match="no cluster spec 'nope'"):
+        load("nope")
