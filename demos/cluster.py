@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     )
     nodes = nodes_table(api)
     gpu_nodes = {
-        n.metadata.name for n in nodes if int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) > 0
+        n.metadata.name
+        for n in nodes
+        if int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) > 0
     }
     if not gpu_nodes:
         raise DemoFailed("no node advertises nvidia.com/gpu; check the cluster spec")
@@ -83,9 +85,7 @@ def run(args: argparse.Namespace) -> int:
     with LiveTrace(api, NAMESPACE) as live:
         say("create Pod gpu-pod asking for nvidia.com/gpu: 1")
         core.create_namespaced_pod(NAMESPACE, gpu_pod("gpu-pod", 1))
-        pod = wait_for(
-            lambda: _phase(core, "gpu-pod", "Running"), 60, "gpu-pod to be Running"
-        )
+        pod = wait_for(lambda: _phase(core, "gpu-pod", "Running"), 60, "gpu-pod to be Running")
         say("create Job gpu-job (one pod, nvidia.com/gpu: 2, runs 2 s)")
         batch.create_namespaced_job(NAMESPACE, gpu_job("gpu-job", 2))
         job = wait_for(lambda: _job_succeeded(batch, "gpu-job"), 90, "gpu-job to succeed")
@@ -99,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
         raise DemoFailed(f"gpu-pod landed on {pod.spec.node_name}, which has no GPUs")
     ok(f"gpu-pod was bound by kube-scheduler to {pod.spec.node_name} (has GPUs) and is Running")
     ok(f"gpu-job succeeded ({job.status.succeeded} pod completed)")
-    ok("trace: Scheduled (kube-scheduler) → Running (kwok) → SuccessfulCreate → Completed (job-controller)")
+    ok(
+        "trace: Scheduled (kube-scheduler) → Running (kwok) → "
+        "SuccessfulCreate → Completed (job-controller)"
+    )
     return 0
 
 

@@ -193,7 +193,9 @@ def _to_trace_event(ev: client.CoreV1Event) -> TraceEvent:
     # the Job controller still write core/v1 ones, which events.k8s.io/v1 models reject
     # for lacking eventTime).
     obj = ev.involved_object
-    when = ev.event_time or ev.last_timestamp or ev.first_timestamp or ev.metadata.creation_timestamp
+    when = (
+        ev.event_time or ev.last_timestamp or ev.first_timestamp or ev.metadata.creation_timestamp
+    )
     component = ev.reporting_component or (ev.source.component if ev.source else None) or "?"
     where = f"{obj.namespace}/" if obj and obj.namespace else ""
     return TraceEvent(
@@ -240,7 +242,9 @@ def sequence_diagram(events: list[TraceEvent]) -> str:
     for ev in events:
         target = ev.regarding.split(" ", 1)[0] or "?"
         note = ev.note.replace("\n", " ").replace(";", ",")[:80]
-        lines.append(f"    {_participant(ev.component)}->>{_participant(target)}: {ev.step}: {note}")
+        lines.append(
+            f"    {_participant(ev.component)}->>{_participant(target)}: {ev.step}: {note}"
+        )
     lines.append("```")
     return "\n".join(lines) + "\n"
 

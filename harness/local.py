@@ -87,6 +87,8 @@ class LocalCluster:
         self.pki = self.dir / "pki"
         self.kubeconfig = self.dir / "kubeconfig"
         self._state_file = self.dir / "cluster.json"
+        # processes started by this Python process: their exit status explains a failure
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # ---------------------------------------------------------------- state
 
@@ -351,6 +353,7 @@ class LocalCluster:
                 env={**os.environ, **(env or {})},
                 start_new_session=True,  # outlives `gpulab up`; `down` stops it
             )
+        self._children[proc.pid] = proc
         record = ProcessRecord(name, proc.pid, argv[0], str(log), list(ports or []), service)
         self._save([*self.processes(), record])
         return record
@@ -358,10 +361,13 @@ class LocalCluster:
     def _check_alive(self) -> None:
         for rec in self.processes():
             if not pid_alive(rec.pid, rec.exe):
-                tail = _tail(Path(rec.log))
-                raise HarnessError(
-                    f"{rec.name} exited during start-up: {tail or 'no output'} (log: {rec.log})"
-                )
+                tail = _tail(Path(rec.log)) or "no output"
+                child = self._children.get(rec.pid)
+                code = child.poll() if child else None
+                if code is not None:
+                    tail = f"exit status {code}" + (" (killed by a signal)" if code < 0 else "")
+                    tail += f"; {_tail(Path(rec.log)) or 'no output'}"
+                raise HarnessError(f"{rec.name} exited during start-up: {tail} (log: {rec.log})")
 
     def admin_ssl_context(self) -> ssl.SSLContext:
         """TLS as the cluster admin: trusts the cluster CA, presents the admin cert."""

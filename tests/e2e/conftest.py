@@ -54,8 +54,6 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     core = client.CoreV1Api(cluster.api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    wait_for(
-        lambda: core.list_namespaced_service_account(name).items, 30, "default ServiceAccount"
-    )
+    wait_for(lambda: core.list_namespaced_service_account(name).items, 30, "default ServiceAccount")
     yield name
     core.delete_namespace(name)

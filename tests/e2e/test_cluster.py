@@ -101,7 +101,12 @@ def test_tracer_events_are_read_back_by_the_live_reader(cluster, namespace) -> N
     tracer.flush()
     seen = list(follow(cluster.api, namespace, timeout_seconds=1))
     steps = [(e.component, e.step, e.regarding, e.note) for e in seen]
-    assert ("e2e-probe", "Reconcile", f"ConfigMap {namespace}/probe", "reconciled the probe") in steps
+    assert (
+        "e2e-probe",
+        "Reconcile",
+        f"ConfigMap {namespace}/probe",
+        "reconciled the probe",
+    ) in steps
 
 
 def test_apply_validates_against_the_real_api_server(cluster, namespace, tmp_path) -> None:
@@ -139,7 +144,7 @@ metadata: {{name: broken, namespace: {namespace}}}
 spec: {{selector: {{matchLabels: {{app: a}}}}, template: {{metadata: {{labels: {{app: b}}}}}}}}
 """
     )
-    with pytest.raises(HarnessError, match="Deployment .*/broken was rejected by the API server"):
+    with pytest.raises(HarnessError, match=r"Deployment .*/broken was rejected by the API server"):
         apply(cluster.api, [tmp_path / "bad.yaml"], lambda _m: None, transform)
 
 

@@ -13,8 +13,11 @@ from harness.spec import parse
 SPEC = {
     "name": "gpulab-lifecycle",
     "ports": {
-        "apiserver": 47443, "etcd": 47379, "etcdPeer": 47380,
-        "controllerManager": 47257, "scheduler": 47259,
+        "apiserver": 47443,
+        "etcd": 47379,
+        "etcdPeer": 47380,
+        "controllerManager": 47257,
+        "scheduler": 47259,
     },
     "nodes": [{"name": "t4", "profile": "t4-x1"}],
 }
@@ -25,7 +28,11 @@ def test_up_then_down_leaves_no_process_and_no_port() -> None:
     local.up(print)
     procs = local.processes()
     assert {p.name for p in procs} == {
-        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kwok",
     }
     assert all(pid_alive(p.pid, p.exe) for p in procs)
     assert local.running()
@@ -55,7 +62,7 @@ def test_a_component_dying_at_start_up_is_reported_and_cleaned_up() -> None:
     local = LocalCluster(spec)
     local.up(print)
     try:
-        with pytest.raises(HarnessError, match="exited during start-up: .*log: "):
+        with pytest.raises(HarnessError, match=r"exited during start-up: .*log: "):
             rec = local.start_process("broken", ["/bin/sh", "-c", "echo boom; exit 3"])
             import time
 

@@ -23,7 +23,10 @@ def test_local_transform_points_webhooks_at_the_host_process() -> None:
     out, dry = LocalTransform(b"PEM", {"svc": 9443})(WEBHOOK)
     assert not dry
     cfg = out["webhooks"][0]["clientConfig"]
-    assert cfg == {"url": "https://127.0.0.1:9443/webhook", "caBundle": base64.b64encode(b"PEM").decode()}
+    assert cfg == {
+        "url": "https://127.0.0.1:9443/webhook",
+        "caBundle": base64.b64encode(b"PEM").decode(),
+    }
     assert "service" in WEBHOOK["webhooks"][0]["clientConfig"]  # input left untouched
 
 
@@ -44,5 +47,5 @@ def test_shipped_manifests_all_parse() -> None:
 
 def test_document_without_kind_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "x.yaml").write_text("apiVersion: v1\nmetadata: {name: a}\n")
-    with pytest.raises(HarnessError, match="x.yaml: every document needs apiVersion and kind"):
+    with pytest.raises(HarnessError, match=r"x.yaml: every document needs apiVersion and kind"):
         load_documents([tmp_path])

@@ -67,12 +67,16 @@ def test_corrupt_cached_binary_is_detected(tmp_path: Path, monkeypatch: pytest.M
     binaries.require_built()
     kwok = binaries.KWOK.binary("kwok")
     kwok.write_bytes(b"binary kwoK")  # same size, other bytes
-    assert binaries.verify(binaries.KWOK) == [f"cached binary {kwok} is corrupt (checksum mismatch)"]
-    with pytest.raises(HarnessError, match="is corrupt.*run `make binaries`"):
+    assert binaries.verify(binaries.KWOK) == [
+        f"cached binary {kwok} is corrupt (checksum mismatch)"
+    ]
+    with pytest.raises(HarnessError, match=r"is corrupt.*run `make binaries`"):
         binaries.require_built()
 
 
 def test_missing_go_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(binaries.shutil, "which", lambda _name: None)
-    with pytest.raises(HarnessError, match=r"Go toolchain \(`go`\) is not on PATH.*install Go 1.26\+"):
+    with pytest.raises(
+        HarnessError, match=r"Go toolchain \(`go`\) is not on PATH.*install Go 1.26\+"
+    ):
         binaries.find_go()

@@ -22,8 +22,19 @@ def test_kind_up_runs_build_create_load_in_order(state: Path) -> None:
     cluster = DockerCluster("kind", load("default"), runner=ran.append)
     assert cluster.commands_up() == [
         ["docker", "build", "-t", IMAGE, "-f", str(ROOT / "Dockerfile"), str(ROOT)],
-        ["kind", "create", "cluster", "--name", "gpulab", "--config",
-         str(state / "kind-config.yaml"), "--kubeconfig", str(state / "kubeconfig"), "--wait", "120s"],
+        [
+            "kind",
+            "create",
+            "cluster",
+            "--name",
+            "gpulab",
+            "--config",
+            str(state / "kind-config.yaml"),
+            "--kubeconfig",
+            str(state / "kubeconfig"),
+            "--wait",
+            "120s",
+        ],
         ["kind", "load", "docker-image", "gpulab:dev", "--name", "gpulab"],
     ]
     assert cluster.commands_down() == [
@@ -77,5 +88,5 @@ def test_k3d_config_targets_one_agent_per_spec_node() -> None:
 
 def test_missing_tool_is_one_clear_line(state: Path) -> None:
     cluster = DockerCluster("kind", load("default"), runner=lambda _a: None)
-    with pytest.raises(HarnessError, match="`kind` is not on PATH.*--backend local"):
+    with pytest.raises(HarnessError, match=r"`kind` is not on PATH.*--backend local"):
         cluster.check_tools(which=lambda tool: None if tool == "kind" else "/usr/bin/docker")

@@ -53,7 +53,7 @@ def test_bad_ports(ports: dict, message: str) -> None:
 def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("nodes: [ {name: x\n")
-    with pytest.raises(HarnessError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(HarnessError, match=r"bad.yaml: not valid YAML"):
         load(bad)
     with pytest.raises(HarnessError, match="no cluster spec 'nope'"):
         load("nope")
