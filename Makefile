@@ -36,13 +36,13 @@ lint: venv
 	@$(BIN)/ruff format --check .
 
 test: setup lint
-	@$(BIN)/pytest -ra tests
+	@$(BIN)/pytest -ra
 
 test-unit: venv fake-gpu
-	@$(BIN)/pytest -ra tests -m "not e2e"
+	@$(BIN)/pytest -ra -m "not e2e"
 
 test-e2e: setup
-	@$(BIN)/pytest -ra tests -m e2e
+	@$(BIN)/pytest -ra -m e2e
 
 bench: setup
 	@$(BIN)/python -m bench.run

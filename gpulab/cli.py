@@ -17,6 +17,10 @@ COMMAND_MODULES = [
     "gpulab.trace_cli",
     "demos.commands",
     "gpulab.fakegpu.commands",
+    "gpulab.hami.commands",
+    "gpulab.kueue.commands",
+    "gpulab.deviceplugin.commands",
+    "gpulab.nodeagent.commands",
 ]
 
 
