@@ -32,8 +32,11 @@ class DemoFailed(HarnessError):
     """The demo ran but the outcome is not what the chapter promises."""
 
 
-def ensure_cluster(args: argparse.Namespace) -> tuple[client.ApiClient, ClusterSpec]:
-    """Bring the chosen backend up unless it is already running; return an API client."""
+def ensure_cluster(
+    args: argparse.Namespace, addons: tuple[str, ...] = ()
+) -> tuple[client.ApiClient, ClusterSpec]:
+    """Bring the chosen backend up unless it is already running, with the chapter's
+    ``addons`` (harness/addons; on kind they are deployed from manifests/ at `up`)."""
     from harness import binaries
     from harness.commands import progress
 
@@ -45,6 +48,9 @@ def ensure_cluster(args: argparse.Namespace) -> tuple[client.ApiClient, ClusterS
             binaries.build_all(progress)
         backend.up(progress)
         (cluster_dir(spec.name) / "backend").write_text(name)
+    if name == "local":
+        for addon in addons:
+            backend.ensure_addon(addon, progress)  # type: ignore[attr-defined]
     return api_client(cluster_dir(spec.name) / "kubeconfig"), spec
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
-from harness import binaries, pki
+from harness import addons, binaries, pki
 from harness.apply import MANIFESTS, LocalTransform, apply
 from harness.errors import HarnessError
 from harness.spec import ClusterSpec, node_object
@@ -109,6 +109,7 @@ class LocalCluster:
             "server": self.server,
             "kubeconfig": str(self.kubeconfig),
             "processes": [asdict(p) for p in procs],
+            "addons": self._addons(),
         }
         tmp = self._state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1))
@@ -135,6 +136,8 @@ class LocalCluster:
             self._create_nodes(progress)
             self._wait_ready(progress)
             self._apply_base(progress)
+            for addon in self.spec.addons:
+                self.ensure_addon(addon, progress)
         except BaseException:
             progress("start-up failed; stopping what was started")
             self.down(lambda _m: None)
@@ -358,7 +361,7 @@ class LocalCluster:
         self._save([*self.processes(), record])
         return record
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         for rec in self.processes():
             if not pid_alive(rec.pid, rec.exe):
                 tail = _tail(Path(rec.log)) or "no output"
@@ -386,7 +389,7 @@ class LocalCluster:
         deadline = time.monotonic() + START_TIMEOUT
         with httpx.Client(**kwargs) as client:
             while time.monotonic() < deadline:
-                self._check_alive()
+                self.check_alive()
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(url).status_code == 200:
                         return
@@ -404,8 +407,10 @@ class LocalCluster:
         from kubernetes import client
 
         core = client.CoreV1Api(self.api())
+        # With the device-plugin addon the node agent advertises the GPUs, as kubelet does
+        static = "device-plugin" not in self.spec.addons
         for node in self.spec.nodes:
-            core.create_node(node_object(node))
+            core.create_node(node_object(node, static_gpus=static))
         gpus = sum(1 for n in self.spec.nodes if n.profile)
         progress(f"created {len(self.spec.nodes)} simulated nodes ({gpus} with GPUs)")
 
@@ -418,7 +423,7 @@ class LocalCluster:
         want = {n.name for n in self.spec.nodes}
         last = -1
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             ready = {
                 n.metadata.name
                 for n in core.list_node().items
@@ -438,6 +443,25 @@ class LocalCluster:
             f"nodes not Ready after {START_TIMEOUT:.0f}s: {sorted(want - ready)}; "
             f"see {self.dir / 'logs' / 'kwok.log'}"
         )
+
+    def ensure_addon(self, name: str, progress: Progress) -> None:
+        """Start an addon (harness/addons) on this running cluster unless it already runs.
+
+        Demos call this, so `make demo-kueue` works on a cluster brought up without it.
+        """
+        if name not in addons.ADDONS:
+            raise HarnessError(f"unknown addon {name!r}; known: {', '.join(addons.ADDONS)}")
+        if name in self._addons():
+            return
+        addons.start(name, self, progress)
+        state = json.loads(self._state_file.read_text())
+        state["addons"] = [*state.get("addons", []), name]
+        self._state_file.write_text(json.dumps(state, indent=1))
+
+    def _addons(self) -> list[str]:
+        if not self._state_file.exists():
+            return []
+        return list(json.loads(self._state_file.read_text()).get("addons", []))
 
     def apply_transform(self) -> LocalTransform:
         services = {r.service: r.ports[0] for r in self.processes() if r.service and r.ports}

@@ -14,6 +14,11 @@ A spec is a small YAML file (``harness/clusters/*.yaml`` ships a few)::
         profile: t4-x4
       - name: cpu-only           # no profile: a node without GPUs
         cpu: "16"
+    addons: [device-plugin]      # local backend: components started with the cluster
+
+With the ``device-plugin`` addon each GPU node gets a device plugin + node agent (kind
+runs the DaemonSet instead); a node may set ``devicePlugin: {migStrategy: mixed,
+replicas: 4, hami: true}``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 import yaml
 
 from gpulab.fakegpu import profiles
+from harness.addons import ADDONS
 from harness.errors import HarnessError
 
 SPEC_DIR = Path(__file__).resolve().parent / "clusters"
@@ -38,7 +44,16 @@ DEFAULT_PORTS = {
     "scheduler": 30259,
 }
 
+MIG_STRATEGIES = ("none", "single", "mixed")
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class DevicePluginConfig:
+    mig_strategy: str = "none"
+    replicas: int = 1  # time-slicing
+    hami: bool = False  # register the GPUs for the HAMi extender
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,7 @@ class NodeSpec:
     cpu: str = "64"
     memory: str = "512Gi"
     pods: str = "110"
+    device_plugin: DevicePluginConfig = field(default_factory=DevicePluginConfig)
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class ClusterSpec:
     ports: dict[str, int]
     nodes: tuple[NodeSpec, ...]
     path: Path | None = None
+    addons: tuple[str, ...] = ()
 
 
 def available() -> list[str]:
@@ -108,7 +125,10 @@ def parse(data: Any, path: Path | None = None) -> ClusterSpec:
         if node.name in seen:
             raise HarnessError(f"duplicate node name {node.name!r}; node names must be unique")
         seen.add(node.name)
-    return ClusterSpec(name=name, ports=ports, nodes=tuple(nodes), path=path)
+    addons = data.get("addons") or []
+    if not isinstance(addons, list) or any(a not in ADDONS for a in addons):
+        raise HarnessError(f"'addons' must be a list of: {', '.join(ADDONS)}; got {addons!r}")
+    return ClusterSpec(name=name, ports=ports, nodes=tuple(nodes), path=path, addons=tuple(addons))
 
 
 def _parse_node(raw: Any, n: int) -> list[NodeSpec]:
@@ -126,6 +146,7 @@ def _parse_node(raw: Any, n: int) -> list[NodeSpec]:
     count = raw.get("count")
     if count is not None and (not isinstance(count, int) or count < 1):
         raise HarnessError(f"nodes[{n}].count must be a positive integer")
+    plugin = _parse_device_plugin(raw.get("devicePlugin") or {}, n)
     names = [raw["name"]] if count is None else [f"{raw['name']}-{i}" for i in range(count)]
     for name in names:
         if not _DNS_LABEL.match(name) or len(name) > 63:
@@ -138,13 +159,36 @@ def _parse_node(raw: Any, n: int) -> list[NodeSpec]:
             cpu=str(raw.get("cpu", "64")),
             memory=str(raw.get("memory", "512Gi")),
             pods=str(raw.get("pods", "110")),
+            device_plugin=plugin,
         )
         for name in names
     ]
 
 
-def node_object(node: NodeSpec) -> dict[str, Any]:
-    """The Node the harness creates for kwok to manage, capacity from the GPU profile."""
+def _parse_device_plugin(raw: Any, n: int) -> DevicePluginConfig:
+    if not isinstance(raw, dict):
+        raise HarnessError(f"nodes[{n}].devicePlugin must be a mapping")
+    unknown = set(raw) - {"migStrategy", "replicas", "hami"}
+    if unknown:
+        raise HarnessError(f"nodes[{n}].devicePlugin: unknown keys {sorted(unknown)}")
+    strategy = raw.get("migStrategy", "none")
+    if strategy not in MIG_STRATEGIES:
+        raise HarnessError(
+            f"nodes[{n}].devicePlugin.migStrategy {strategy!r}: use one of "
+            f"{', '.join(MIG_STRATEGIES)}"
+        )
+    replicas = raw.get("replicas", 1)
+    if not isinstance(replicas, int) or replicas < 1:
+        raise HarnessError(f"nodes[{n}].devicePlugin.replicas must be a positive integer")
+    return DevicePluginConfig(strategy, replicas, bool(raw.get("hami", False)))
+
+
+def node_object(node: NodeSpec, static_gpus: bool = True) -> dict[str, Any]:
+    """The Node the harness creates for kwok to manage.
+
+    With ``static_gpus`` its capacity carries the profile's GPUs; without, a device plugin
+    is expected to advertise them (through the node agent), as on a real node.
+    """
     capacity = {"cpu": node.cpu, "memory": node.memory, "pods": node.pods}
     labels = {
         "kubernetes.io/hostname": node.name,
@@ -155,7 +199,8 @@ def node_object(node: NodeSpec) -> dict[str, Any]:
     }
     if node.profile is not None:
         profile = profiles.load(node.profile)
-        capacity["nvidia.com/gpu"] = str(len(profile.gpus))
+        if static_gpus:
+            capacity["nvidia.com/gpu"] = str(len(profile.gpus))
         labels["gpulab.io/gpu-profile"] = profile.name
         labels["nvidia.com/gpu.present"] = "true"
     return {

@@ -13,13 +13,16 @@ import re
 from pathlib import Path
 
 from gpulab.fakegpu.profiles import ProfileError
+from harness.state import DEFAULT_CLUSTER, cluster_dir
 
 SHIM_DIR = Path(__file__).resolve().parents[2] / "fake-gpu"
 SHIM_BUILD_DIR = SHIM_DIR / "build"
 SHIM_LIB = SHIM_BUILD_DIR / "libnvidia-ml.so.1"
 
 ENV_STATE_ROOT = "GPULAB_FAKE_GPU_STATE"  # overrides DEFAULT_STATE_ROOT for the CLI
-DEFAULT_STATE_ROOT = Path.home() / ".local" / "state" / "gpulab" / "fake-gpu"
+# The default cluster's: `gpulab fake-gpu inject --node gpu-a100 ...` reaches the GPUs of
+# the cluster `gpulab up` started, with no flags. Other clusters pass --state-dir.
+DEFAULT_STATE_ROOT = cluster_dir(DEFAULT_CLUSTER) / "fake-gpu"
 CONFIG_NAME = "config"
 FAULT_LOG_NAME = "faults.log"
 

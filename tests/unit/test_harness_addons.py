@@ -1,0 +1,26 @@
+from harness.addons.device_plugin import expected_resources
+from harness.spec import node_object, parse
+
+
+def _node(profile: str, **plugin: object):
+    return parse({"nodes": [{"name": "n", "profile": profile, "devicePlugin": plugin}]}).nodes[0]
+
+
+def test_whole_gpus_times_replicas() -> None:
+    assert expected_resources(_node("a100-sxm4-40gb-x8")) == {"nvidia.com/gpu": 8}
+    assert expected_resources(_node("t4-x4", replicas=4)) == {"nvidia.com/gpu": 16}
+
+
+def test_mig_mixed_counts_each_profile() -> None:
+    # GPUs 0-3: 3g.40gb + 2g.20gb + 2x 1g.10gb; GPUs 4-7: 7x 1g.10gb
+    assert expected_resources(_node("a100-80gb-mig-x8", migStrategy="mixed")) == {
+        "nvidia.com/mig-3g.40gb": 4,
+        "nvidia.com/mig-2g.20gb": 4,
+        "nvidia.com/mig-1g.10gb": 4 * 2 + 4 * 7,
+    }
+
+
+def test_with_a_device_plugin_the_node_starts_without_gpu_capacity() -> None:
+    node = _node("t4-x4")
+    assert "nvidia.com/gpu" not in node_object(node, static_gpus=False)["status"]["capacity"]
+    assert node_object(node)["status"]["capacity"]["nvidia.com/gpu"] == "4"
