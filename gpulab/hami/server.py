@@ -1,0 +1,200 @@
+"""Start-up of the extender process, in the order of HAMi's ``start()``.
+
+Mirrors ``cmd/scheduler/main.go``: flags → Kubernetes client → device config → Scheduler →
+``RegisterFromNodeAnnotations`` in the background → informers (wait for sync) → metrics
+server → router → HTTP, or HTTPS with a certificate watcher (``certwatcher``): the
+certificate files are re-read when they change, without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import logging
+import os
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+
+import uvicorn
+from kubernetes import client, config
+from prometheus_client import start_http_server
+
+from gpulab.hami.cluster import KubeCluster
+from gpulab.hami.metrics import ExtenderMetrics
+from gpulab.hami.routes import build_app
+from gpulab.hami.scheduler import Scheduler, SchedulerConfig
+from gpulab.hami.webhook import WebhookConfig
+from gpulab.kube import api_client
+from gpulab.trace import Tracer
+
+_log = logging.getLogger(__name__)
+
+
+class StartError(RuntimeError):
+    """Start-up cannot go on (port in use, unreadable certificate): one line for the user."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    kubeconfig: str | None
+    http_bind: tuple[str, int]
+    metrics_bind: tuple[str, int]
+    cert_file: str | None
+    key_file: str | None
+    scheduler: SchedulerConfig
+    webhook: WebhookConfig
+
+
+def parse_bind(value: str, flag: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise StartError(f"{flag} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def listen(addr: tuple[str, int], flag: str) -> socket.socket:
+    """Bind now, so a port in use is one clear line instead of a traceback."""
+    host, port = addr
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise StartError(
+                f"port {port} on {host} is already in use: stop the process listening there "
+                f"(ss -ltnp 'sport = :{port}') or pass {flag} {host}:<free port>"
+            ) from exc
+        raise StartError(f"cannot listen on {host}:{port} ({flag}): {exc.strerror}") from exc
+    return sock
+
+
+class CertReloader:
+    """An SSLContext whose certificate follows the files (controller-runtime certwatcher)."""
+
+    def __init__(self, cert_file: str, key_file: str, interval: float = 2.0) -> None:
+        self.cert_file, self.key_file, self.interval = cert_file, key_file, interval
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._stamp = self._fingerprint()
+        self._load()
+
+    def _fingerprint(self) -> bytes:
+        """The files' contents: mtimes can be too coarse to see a quick rewrite."""
+        try:
+            with open(self.cert_file, "rb") as c, open(self.key_file, "rb") as k:
+                return hashlib.sha256(c.read() + b"\0" + k.read()).digest()
+        except OSError as exc:
+            raise StartError(f"cannot read certificate: {exc}") from exc
+
+    def _load(self) -> None:
+        try:
+            # Loading into the live context serves the new pair on the next handshake.
+            self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise StartError(f"cannot load {self.cert_file} / {self.key_file}: {exc}") from exc
+
+    def check(self) -> bool:
+        """Reload if the files changed; True when a new certificate was loaded."""
+        stamp = self._fingerprint()
+        if stamp == self._stamp:
+            return False
+        self._load()
+        self._stamp = stamp
+        _log.info("certificate %s reloaded", self.cert_file)
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
+            try:
+                self.check()
+            except StartError as exc:  # half-written files: keep the old pair, retry
+                _log.warning("%s", exc)
+
+
+def _api(kubeconfig: str | None) -> client.ApiClient:
+    """The kubeconfig client; in a pod without one, the service account (InClusterConfig)."""
+    if (
+        not kubeconfig
+        and not os.environ.get("KUBECONFIG")
+        and os.environ.get("KUBERNETES_SERVICE_HOST")
+    ):
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    return api_client(kubeconfig)
+
+
+def _thread(target: object, *args: object, name: str) -> None:
+    threading.Thread(target=target, args=args, name=name, daemon=True).start()  # type: ignore[arg-type]
+
+
+def start(opts: ServerOptions) -> None:
+    """Run the extender until interrupted."""
+    http_sock = listen(opts.http_bind, "--http-bind")
+    api = _api(opts.kubeconfig)
+    cluster = KubeCluster(api)
+    tracer = Tracer("hami-scheduler", api)
+    scheduler = Scheduler(cluster, opts.scheduler, tracer)
+    stop = threading.Event()
+    _thread(scheduler.run_register_loop, stop, name="register-nodes")
+    _thread(
+        cluster.list_and_watch,
+        "nodes",
+        scheduler.on_nodes_listed,
+        scheduler.on_node_event,
+        stop,
+        name="informer-nodes",
+    )
+    _thread(
+        cluster.list_and_watch,
+        "pods",
+        scheduler.on_pods_listed,
+        scheduler.on_pod_event,
+        stop,
+        name="informer-pods",
+    )
+
+    metrics = ExtenderMetrics(scheduler)
+    host, port = opts.metrics_bind
+    try:
+        start_http_server(port, host, registry=metrics.registry)
+    except OSError as exc:
+        http_sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise StartError(
+                f"metrics port {port} on {host} is already in use: pass --metrics-bind "
+                f"{host}:<free port>"
+            ) from exc
+        raise StartError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+
+    app = build_app(scheduler, opts.webhook, metrics)
+    tls = bool(opts.cert_file and opts.key_file)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        ssl_certfile=opts.cert_file if tls else None,
+        ssl_keyfile=opts.key_file if tls else None,
+    )
+    config.load()
+    if tls:
+        assert opts.cert_file and opts.key_file
+        reloader = CertReloader(opts.cert_file, opts.key_file)
+        config.ssl = reloader.context
+        _thread(reloader.run, stop, name="cert-watcher")
+    scheme = "https" if tls else "http"
+    _log.info(
+        "hami-scheduler extender on %s://%s:%d (metrics on %s:%d)",
+        scheme,
+        *opts.http_bind,
+        host,
+        port,
+    )
+    try:
+        asyncio.run(uvicorn.Server(config).serve(sockets=[http_sock]))
+    finally:
+        stop.set()
