@@ -18,6 +18,8 @@ COMMAND_MODULES = [
     "demos.commands",
     "gpulab.fakegpu.commands",
     "gpulab.hami.commands",
+    "gpulab.deviceplugin.commands",
+    "gpulab.nodeagent.commands",
 ]
 
 

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -33,6 +32,7 @@ import yaml
 from harness import addons, binaries, pki
 from harness.apply import MANIFESTS, LocalTransform, apply
 from harness.errors import HarnessError
+from harness.ports import port_in_use
 from harness.spec import ClusterSpec, node_object
 from harness.state import cluster_dir
 
@@ -51,16 +51,6 @@ class ProcessRecord:
     log: str
     ports: list[int] = field(default_factory=list)
     service: str | None = None  # the manifests' Service this process stands for
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def pid_alive(pid: int, exe: str | None = None) -> bool:
@@ -254,7 +244,7 @@ class LocalCluster:
             ],
             ports=[p["etcd"], p["etcdPeer"]],
         )
-        self._wait_http(f"http://127.0.0.1:{p['etcd']}/health", "etcd", tls=False)
+        self.wait_http(f"http://127.0.0.1:{p['etcd']}/health", "etcd", tls=False)
         progress("starting kube-apiserver")
         self.start_process(
             "kube-apiserver",
@@ -281,7 +271,7 @@ class LocalCluster:
             ],
             ports=[p["apiserver"]],
         )
-        self._wait_http(f"{self.server}/readyz", "kube-apiserver")
+        self.wait_http(f"{self.server}/readyz", "kube-apiserver")
         progress(
             f"kube-apiserver ready at {self.server}; starting controller-manager, scheduler, kwok"
         )
@@ -378,7 +368,7 @@ class LocalCluster:
         ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
         return ctx
 
-    def _wait_http(self, url: str, what: str, tls: bool = True, verify: bool = True) -> None:
+    def wait_http(self, url: str, what: str, tls: bool = True, verify: bool = True) -> None:
         kwargs: dict[str, Any] = {"timeout": 2.0}
         if not verify:
             # controller-manager and scheduler serve a self-signed cert on loopback,
@@ -436,7 +426,7 @@ class LocalCluster:
             if want <= ready and _has_default_sa(core):
                 for name in ("controller-manager", "scheduler"):
                     port = self.spec.ports["controllerManager" if name[0] == "c" else "scheduler"]
-                    self._wait_http(f"https://127.0.0.1:{port}/healthz", name, verify=False)
+                    self.wait_http(f"https://127.0.0.1:{port}/healthz", name, verify=False)
                 return
             time.sleep(0.2)
         raise HarnessError(

@@ -7,7 +7,8 @@ import socket
 import pytest
 
 from harness.errors import HarnessError
-from harness.local import LocalCluster, pid_alive, port_in_use
+from harness.local import LocalCluster, pid_alive
+from harness.ports import port_in_use
 from harness.spec import parse
 
 SPEC = {
@@ -68,7 +69,7 @@ def test_a_component_dying_at_start_up_is_reported_and_cleaned_up() -> None:
 
             time.sleep(0.5)
             assert not pid_alive(rec.pid, rec.exe)
-            local._check_alive()
+            local.check_alive()
     finally:
         local.down(print)
     assert not any(port_in_use(port) for port in SPEC["ports"].values())

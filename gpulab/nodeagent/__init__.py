@@ -1,0 +1,1 @@
+"""Kubelet's device manager for simulated nodes (the local backend's node agent)."""

@@ -1,0 +1,422 @@
+"""The device plugin as a real process, over real gRPC, with the test playing kubelet.
+
+Each test starts ``gpulab device-plugin`` against the fake-gpu NVML shim on a temp socket
+dir, serves kubelet's Registration service on ``kubelet.sock`` itself, and talks to the
+plugin's socket like kubelet's device manager does. Faults go in through the real
+``gpulab fake-gpu inject`` CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
+from gpulab.fakegpu.nvml import shim_env
+from gpulab.fakegpu.paths import SHIM_LIB
+from gpulab.fakegpu.profiles import gpu_uuid, load
+
+pytestmark = pytest.mark.skipif(
+    not SHIM_LIB.exists(), reason="NVML shim not built (make -C fake-gpu)"
+)
+
+NODE = "gpu-node-1"
+
+
+class FakeKubelet(api_pb2_grpc.RegistrationServicer):
+    """Kubelet's Registration service on <dir>/kubelet.sock, recording every request."""
+
+    def __init__(self, socket_dir: Path) -> None:
+        self.socket = socket_dir / "kubelet.sock"
+        self.requests: queue.Queue[api_pb2.RegisterRequest] = queue.Queue()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        api_pb2_grpc.add_RegistrationServicer_to_server(self, self._server)
+        self._server.add_insecure_port(f"unix://{self.socket}")
+        self._server.start()
+
+    def Register(self, request, context):
+        self.requests.put(request)
+        return api_pb2.Empty()
+
+    def next_request(self, timeout: float = 15.0) -> api_pb2.RegisterRequest:
+        return self.requests.get(timeout=timeout)
+
+    def stop(self) -> None:
+        self._server.stop(grace=0).wait()
+        self.socket.unlink(missing_ok=True)
+
+
+class Plugin:
+    """A running ``gpulab device-plugin`` process and a client for its sockets."""
+
+    def __init__(self, proc: subprocess.Popen[str], socket_dir: Path, log: Path) -> None:
+        self.proc = proc
+        self.socket_dir = socket_dir
+        self.log = log
+
+    def stub(self, socket: str = "nvidia-gpu.sock") -> api_pb2_grpc.DevicePluginStub:
+        channel = grpc.insecure_channel(f"unix://{self.socket_dir / socket}")
+        grpc.channel_ready_future(channel).result(timeout=15)
+        return api_pb2_grpc.DevicePluginStub(channel)
+
+    def watch(self, socket: str = "nvidia-gpu.sock") -> Watcher:
+        return Watcher(self.stub(socket))
+
+
+class Watcher:
+    """Reads a ListAndWatch stream in the background."""
+
+    def __init__(self, stub: api_pb2_grpc.DevicePluginStub) -> None:
+        self.updates: queue.Queue[dict[str, str]] = queue.Queue()
+        self.topology: dict[str, list[int]] = {}
+        self._stream = stub.ListAndWatch(api_pb2.Empty())
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for response in self._stream:
+                self.topology = {d.ID: [n.ID for n in d.topology.nodes] for d in response.devices}
+                self.updates.put({d.ID: d.health for d in response.devices})
+        except grpc.RpcError:
+            pass
+
+    def next(self, timeout: float = 10.0) -> dict[str, str]:
+        return self.updates.get(timeout=timeout)
+
+    def close(self) -> None:
+        self._stream.cancel()
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "fake-gpu"
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    # unix socket paths are limited to ~107 bytes: keep this one short.
+    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"dp-{os.getpid()}-{time.monotonic_ns()}"
+    d.mkdir()
+    yield d
+    for f in d.iterdir():
+        f.unlink()
+    d.rmdir()
+
+
+@pytest.fixture
+def run_plugin(
+    state_dir: Path, socket_dir: Path, tmp_path: Path
+) -> Iterator[Callable[..., Plugin]]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(profile: str = "a100-sxm4-40gb-x8", *args: str, env: dict | None = None) -> Plugin:
+        full_env = {**os.environ, **shim_env(NODE, profile, state_dir)}
+        full_env.pop("KUBERNETES_SERVICE_HOST", None)
+        full_env.update(env or {})
+        log = tmp_path / f"plugin-{len(procs)}.log"
+        cmd = [sys.executable, "-m", "gpulab", "device-plugin", "--node-name", NODE,
+               "--socket-dir", str(socket_dir), *args]  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True
+        )
+        procs.append(proc)
+        return Plugin(proc, socket_dir, log)
+
+    yield start
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@pytest.fixture
+def kubelet(socket_dir: Path) -> Iterator[FakeKubelet]:
+    k = FakeKubelet(socket_dir)
+    yield k
+    k.stop()
+
+
+def fake_gpu(state_dir: Path, *args: str) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpulab",
+        "fake-gpu",
+        *args,
+        "--node",
+        NODE,
+        "--state-dir",
+        str(state_dir),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def uuids(n: int) -> list[str]:
+    return [gpu_uuid(NODE, i) for i in range(n)]
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# ---------------------------------------------------------------- registration
+
+
+def test_register_sends_the_fields_kubelet_checks(kubelet: FakeKubelet, run_plugin) -> None:
+    run_plugin()
+    req = kubelet.next_request()
+    assert req.version == "v1beta1"
+    assert req.endpoint == "nvidia-gpu.sock"
+    assert req.resource_name == "nvidia.com/gpu"
+    assert req.options.get_preferred_allocation_available is True
+    assert req.options.pre_start_required is False
+
+
+def test_registration_retries_until_kubelet_appears(socket_dir: Path, run_plugin) -> None:
+    plugin = run_plugin()
+    # No kubelet.sock: the plugin must keep running and keep trying.
+    wait_until(lambda: plugin.log.read_text().count("could not register") >= 2, 15, "retries")
+    assert plugin.proc.poll() is None
+    assert "kubelet socket" in plugin.log.read_text()
+    late = FakeKubelet(socket_dir)
+    try:
+        assert late.next_request(timeout=10).resource_name == "nvidia.com/gpu"
+    finally:
+        late.stop()
+
+
+def test_reregisters_when_kubelet_socket_is_recreated(
+    socket_dir: Path, kubelet: FakeKubelet, run_plugin
+) -> None:
+    plugin = run_plugin()
+    kubelet.next_request()
+    kubelet.stop()  # kubelet restarts: its socket goes away ...
+    time.sleep(0.5)
+    again = FakeKubelet(socket_dir)  # ... and comes back
+    try:
+        req = again.next_request(timeout=10)
+        assert req.endpoint == "nvidia-gpu.sock"
+        # the plugin serves again on a fresh socket
+        watcher = plugin.watch()
+        assert set(watcher.next()) == set(uuids(8))
+        watcher.close()
+    finally:
+        again.stop()
+
+
+# ---------------------------------------------------------------- ListAndWatch and health
+
+
+def test_list_and_watch_sends_every_gpu_with_its_numa_node(
+    kubelet: FakeKubelet, run_plugin
+) -> None:
+    plugin = run_plugin()
+    kubelet.next_request()
+    watcher = plugin.watch()
+    first = watcher.next()
+    assert first == dict.fromkeys(uuids(8), "Healthy")
+    numa = load("a100-sxm4-40gb-x8").gpus
+    assert watcher.topology == {gpu_uuid(NODE, g.index): [g.numa_node] for g in numa}
+    options = plugin.stub().GetDevicePluginOptions(api_pb2.Empty())
+    assert options.get_preferred_allocation_available and not options.pre_start_required
+    watcher.close()
+
+
+def test_xid_marks_the_gpu_unhealthy_within_2s_and_clear_restores_it(
+    kubelet: FakeKubelet, run_plugin, state_dir: Path
+) -> None:
+    plugin = run_plugin()
+    kubelet.next_request()
+    watcher = plugin.watch()
+    watcher.next()
+    fake_gpu(state_dir, "inject", "--gpu", "3", "--xid", "79")
+    injected = time.monotonic()  # the fault is in the node's fault log from here on
+    update = watcher.next(timeout=5)
+    assert time.monotonic() - injected < 2.0
+    assert update[gpu_uuid(NODE, 3)] == "Unhealthy"
+    assert [u for u, h in update.items() if h == "Unhealthy"] == [gpu_uuid(NODE, 3)]
+    # kubelet may not hand out an unhealthy GPU
+    with pytest.raises(grpc.RpcError) as err:
+        plugin.stub().Allocate(
+            api_pb2.AllocateRequest(container_requests=[{"devices_ids": [gpu_uuid(NODE, 3)]}])
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert gpu_uuid(NODE, 3) in err.value.details() and "unhealthy" in err.value.details()
+    fake_gpu(state_dir, "clear", "--gpu", "3")
+    assert watcher.next(timeout=10) == dict.fromkeys(uuids(8), "Healthy")
+    watcher.close()
+
+
+def test_application_xids_do_not_make_a_gpu_unhealthy(
+    kubelet: FakeKubelet, run_plugin, state_dir: Path
+) -> None:
+    plugin = run_plugin()
+    kubelet.next_request()
+    watcher = plugin.watch()
+    watcher.next()
+    fake_gpu(state_dir, "inject", "--gpu", "1", "--xid", "13")
+    fake_gpu(state_dir, "inject", "--gpu", "2", "--ecc-dbe")
+    update = watcher.next(timeout=5)  # the first change is the ECC error, not Xid 13
+    assert update[gpu_uuid(NODE, 1)] == "Healthy"
+    assert update[gpu_uuid(NODE, 2)] == "Unhealthy"
+    watcher.close()
+
+
+def test_fault_injected_before_start_is_reported_at_start(
+    kubelet: FakeKubelet, run_plugin, state_dir: Path
+) -> None:
+    shim_env(NODE, "a100-sxm4-40gb-x8", state_dir)  # the node dir must exist to inject
+    fake_gpu(state_dir, "inject", "--gpu", "0", "--off-bus")
+    plugin = run_plugin()
+    kubelet.next_request()
+    watcher = plugin.watch()
+    wait_until(
+        lambda: watcher.next(timeout=5)[gpu_uuid(NODE, 0)] == "Unhealthy", 10, "GPU 0 Unhealthy"
+    )
+    watcher.close()
+
+
+# ---------------------------------------------------------------- allocation
+
+
+def test_allocate_returns_uuids_and_device_nodes(kubelet: FakeKubelet, run_plugin) -> None:
+    plugin = run_plugin()
+    kubelet.next_request()
+    ids = [gpu_uuid(NODE, 0), gpu_uuid(NODE, 5)]
+    response = plugin.stub().Allocate(
+        api_pb2.AllocateRequest(container_requests=[{"devices_ids": ids}, {"devices_ids": ids[:1]}])
+    )
+    first, second = response.container_responses
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
+    assert [d.host_path for d in first.devices] == [
+        "/dev/nvidia0", "/dev/nvidia5", "/dev/nvidiactl", "/dev/nvidia-uvm",
+    ]  # fmt: skip
+    assert all(d.permissions == "rw" and d.container_path == d.host_path for d in first.devices)
+    assert second.envs["NVIDIA_VISIBLE_DEVICES"] == ids[0]
+
+
+def test_allocate_rejects_unknown_ids_naming_them(kubelet: FakeKubelet, run_plugin) -> None:
+    plugin = run_plugin()
+    kubelet.next_request()
+    with pytest.raises(grpc.RpcError) as err:
+        plugin.stub().Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[{"devices_ids": [gpu_uuid(NODE, 0), "GPU-not-here"]}]
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "GPU-not-here" in err.value.details()
+
+
+def test_preferred_allocation_keeps_to_one_numa_node(kubelet: FakeKubelet, run_plugin) -> None:
+    plugin = run_plugin()
+    kubelet.next_request()
+    all_ids = uuids(8)
+    request = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            # GPU 0 is taken: 4 GPUs on one NUMA node are only left on node 1 (GPUs 4-7).
+            {"available_deviceIDs": all_ids[1:], "allocation_size": 4},
+            {
+                "available_deviceIDs": all_ids,
+                "must_include_deviceIDs": [all_ids[6]],
+                "allocation_size": 2,
+            },
+        ]
+    )
+    first, second = plugin.stub().GetPreferredAllocation(request).container_responses
+    assert sorted(first.deviceIDs) == sorted(all_ids[4:8])
+    assert second.deviceIDs[0] == all_ids[6] and len(second.deviceIDs) == 2
+    assert second.deviceIDs[1] in all_ids[4:8]  # same NUMA node as the must-include GPU
+
+
+# ---------------------------------------------------------------- MIG and time-slicing
+
+
+def test_mig_mixed_serves_one_resource_per_profile(kubelet: FakeKubelet, run_plugin) -> None:
+    plugin = run_plugin("a100-80gb-mig-x8", "--mig-strategy", "mixed")
+    got = {}
+    for _ in range(3):
+        req = kubelet.next_request()
+        got[req.resource_name] = req.endpoint
+    assert got == {
+        "nvidia.com/mig-1g.10gb": "nvidia-mig-1g.10gb.sock",
+        "nvidia.com/mig-2g.20gb": "nvidia-mig-2g.20gb.sock",
+        "nvidia.com/mig-3g.40gb": "nvidia-mig-3g.40gb.sock",
+    }
+    counts = {}
+    for resource, socket in got.items():
+        watcher = plugin.watch(socket)
+        devices = watcher.next()
+        watcher.close()
+        assert all(d.startswith("MIG-") for d in devices)
+        counts[resource] = len(devices)
+    # GPUs 0-3: 3g.40gb + 2g.20gb + 2x 1g.10gb; GPUs 4-7: 7x 1g.10gb
+    assert counts == {
+        "nvidia.com/mig-1g.10gb": 4 * 2 + 4 * 7,
+        "nvidia.com/mig-2g.20gb": 4,
+        "nvidia.com/mig-3g.40gb": 4,
+    }
+    assert not (plugin.socket_dir / "nvidia-gpu.sock").exists()  # every GPU is MIG-enabled
+
+
+def test_time_slicing_replicas_multiply_devices_and_map_back(
+    kubelet: FakeKubelet, run_plugin
+) -> None:
+    plugin = run_plugin("a100-sxm4-40gb-x8", "--replicas", "4")
+    kubelet.next_request()
+    watcher = plugin.watch()
+    devices = watcher.next()
+    watcher.close()
+    assert len(devices) == 32
+    assert set(devices) == {f"{u}::{n}" for u in uuids(8) for n in range(4)}
+    ids = [f"{gpu_uuid(NODE, 2)}::0", f"{gpu_uuid(NODE, 2)}::3", f"{gpu_uuid(NODE, 7)}::1"]
+    response = plugin.stub().Allocate(
+        api_pb2.AllocateRequest(container_requests=[{"devices_ids": ids}])
+    )
+    envs = response.container_responses[0].envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpu_uuid(NODE, 2)},{gpu_uuid(NODE, 7)}"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _fails(plugin: Plugin) -> str:
+    assert plugin.proc.wait(timeout=30) == 2
+    return plugin.log.read_text()
+
+
+def test_unknown_mig_strategy_is_a_one_line_error(run_plugin) -> None:
+    out = _fails(run_plugin("a100-sxm4-40gb-x8", "--mig-strategy", "weird"))
+    assert (
+        out.strip()
+        == "gpulab: error: unknown MIG strategy 'weird'; use one of: none, single, mixed"
+    )
+
+
+def test_single_strategy_rejects_mixed_mig_layouts(run_plugin) -> None:
+    out = _fails(run_plugin("a100-80gb-mig-x8", "--mig-strategy", "single"))
+    assert "mig-strategy single needs one MIG profile" in out
+    assert "1g.10gb, 2g.20gb, 3g.40gb" in out
+
+
+def test_nvml_init_failure_is_a_clear_error(run_plugin, tmp_path: Path) -> None:
+    # The shim is loaded but its node config does not exist: NVML init fails.
+    out = _fails(run_plugin(env={"FAKE_GPU_CONFIG": str(tmp_path / "missing")}))
+    assert "gpulab: error: NVML init failed" in out
