@@ -57,17 +57,16 @@ def pid_alive(pid: int, exe: str | None = None) -> bool:
     """True if ``pid`` runs and (when given) is still our binary, not a recycled pid."""
     try:
         os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    if exe is None:
-        return True
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (ProcessLookupError, PermissionError, OSError):
         return False
     # a zombie (state Z) has exited; only its parent has not reaped it yet
-    return cmd == exe and stat.rsplit(")", 1)[1].split()[0] != "Z"
+    if stat.rsplit(")", 1)[1].split()[0] == "Z":
+        return False
+    if exe is None or not cmdline:  # empty for a moment while the child execs
+        return True
+    return cmdline.split(b"\0")[0].decode() == exe
 
 
 class LocalCluster:
@@ -145,7 +144,7 @@ class LocalCluster:
 
     def _prepare_dir(self) -> None:
         if self.dir.exists():
-            for sub in ("etcd", "pki"):
+            for sub in ("etcd", "pki", "logs"):  # a new cluster starts with fresh logs
                 _rmtree(self.dir / sub)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         self.pki.mkdir(parents=True, exist_ok=True)
@@ -348,15 +347,18 @@ class LocalCluster:
             )
         self._children[proc.pid] = proc
         record = ProcessRecord(name, proc.pid, argv[0], str(log), list(ports or []), service)
-        self._save([*self.processes(), record])
+        # a component started again under its name (after a kill) replaces its dead record
+        live = [p for p in self.processes() if p.name != name or pid_alive(p.pid, p.exe)]
+        self._save([*live, record])
         return record
 
     def check_alive(self) -> None:
         for rec in self.processes():
-            if not pid_alive(rec.pid, rec.exe):
+            child = self._children.get(rec.pid)
+            alive = child.poll() is None if child else pid_alive(rec.pid, rec.exe)
+            if not alive:
                 tail = _tail(Path(rec.log)) or "no output"
-                child = self._children.get(rec.pid)
-                code = child.poll() if child else None
+                code = child.returncode if child else None
                 if code is not None:
                     tail = f"exit status {code}" + (" (killed by a signal)" if code < 0 else "")
                     tail += f"; {_tail(Path(rec.log)) or 'no output'}"

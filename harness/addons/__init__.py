@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 # addon name -> module in this package (started in this order)
 ADDONS = {
     "device-plugin": "harness.addons.device_plugin",
+    "hami": "harness.addons.hami",
+    "kueue": "harness.addons.kueue",
 }
 
 

@@ -1,0 +1,98 @@
+"""Addon ``hami``: the HAMi scheduler as HAMi deploys it — a second kube-scheduler named
+``hami-scheduler`` whose extender (``gpulab extender``) filters and binds vGPU pods, and
+the extender's mutating webhook that sends GPU pods to it.
+
+On kind this is the Deployment in ``manifests/hami/`` (stock kube-scheduler image + the
+extender container in one pod). Here both are host processes: the upstream kube-scheduler
+binary with the ConfigMap's KubeSchedulerConfiguration (urlPrefix pointed at the host
+process, the cluster CA instead of ``insecure``), and the extender serving HTTPS with a
+certificate from the cluster CA. Needs the ``device-plugin`` addon with ``hami: true`` on
+the GPU nodes (their devices registry comes from the plugins' node annotations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from harness import binaries
+from harness.addons.device_plugin import GPULAB
+from harness.apply import MANIFESTS, apply, load_documents
+from harness.ports import free_port
+
+if TYPE_CHECKING:
+    from harness.local import LocalCluster
+
+Progress = Callable[[str], None]
+SERVICE = "hami-scheduler"  # the Service the webhook names in manifests/hami
+SCHEDULER_NAME = "hami-scheduler"
+
+
+def start(cluster: LocalCluster, progress: Progress) -> None:
+    cert = cluster.issue_serving_cert("hami-scheduler", SERVICE)
+    port, metrics_port, scheduler_port = free_port(), free_port(), free_port()
+    start_extender(cluster, port, metrics_port, cert.cert, cert.key)
+    cluster.wait_http(f"https://127.0.0.1:{port}/readyz", "hami extender")
+    config = cluster.dir / "hami-scheduler-config.yaml"
+    config.write_text(yaml.safe_dump(scheduler_config(cluster, port), sort_keys=False))
+    cluster.start_process(
+        SCHEDULER_NAME,
+        [
+            str(binaries.binary("kube-scheduler")),
+            f"--config={config}",
+            f"--authentication-kubeconfig={cluster.dir / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={cluster.dir / 'scheduler.kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={scheduler_port}",
+        ],
+        ports=[scheduler_port],
+    )
+    cluster.wait_http(f"https://127.0.0.1:{scheduler_port}/healthz", SCHEDULER_NAME, verify=False)
+    apply(cluster.api(), [MANIFESTS / "hami"], progress, cluster.apply_transform())
+    progress(
+        f"hami: extender on 127.0.0.1:{port} (metrics :{metrics_port}), kube-scheduler "
+        f"{SCHEDULER_NAME!r} on :{scheduler_port}, webhook registered"
+    )
+
+
+def start_extender(
+    cluster: LocalCluster, port: int, metrics_port: int, cert: Any, key: Any
+) -> None:
+    """Start (or restart, after a kill) the extender process on fixed ports."""
+    cluster.start_process(
+        "hami-extender",
+        [
+            *GPULAB,
+            "extender",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--http-bind",
+            f"127.0.0.1:{port}",
+            "--metrics-bind",
+            f"127.0.0.1:{metrics_port}",
+            "--cert-file",
+            str(cert),
+            "--key-file",
+            str(key),
+        ],
+        ports=[port, metrics_port],
+        service=SERVICE,
+    )
+
+
+def scheduler_config(cluster: LocalCluster, extender_port: int) -> dict[str, Any]:
+    """manifests/hami's KubeSchedulerConfiguration, adapted to host processes."""
+    configmap = next(
+        d
+        for d in load_documents([MANIFESTS / "hami" / "scheduler-config.yaml"])
+        if d["kind"] == "ConfigMap"
+    )
+    config = yaml.safe_load(configmap["data"]["config.yaml"])
+    config["clientConnection"] = {"kubeconfig": str(cluster.dir / "scheduler.kubeconfig")}
+    for extender in config["extenders"]:
+        extender["urlPrefix"] = f"https://127.0.0.1:{extender_port}"
+        # the extender's certificate comes from the cluster CA: verify it instead of insecure
+        extender["tlsConfig"] = {"caFile": str(cluster.pki / "ca.crt")}
+    return config
