@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
-        demo-cluster
+        demo-cluster demo-device-plugin
 
 setup: venv fake-gpu binaries
 
@@ -49,6 +49,9 @@ bench: setup
 
 demo-cluster: setup
 	@$(GPULAB) demo cluster
+
+demo-device-plugin: setup
+	@$(GPULAB) demo device-plugin
 
 down: venv
 	@$(GPULAB) down

@@ -7,6 +7,7 @@ import importlib
 
 CHAPTERS = {
     "cluster": "demos.cluster",
+    "device-plugin": "demos.device_plugin",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable
@@ -116,20 +117,26 @@ def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float 
 class LiveTrace:
     """Follows a namespace's Events (the call-chain trace) and Pod phases, printing both.
 
-    Runs in a background thread while the demo acts, so the story appears as it happens.
+    Runs in background threads while the demo acts, so the story appears as it happens.
+    ``also`` adds namespaces whose Events about the ``nodes`` named are shown too (device
+    plugins and kubelet write Node Events into "default"); Events from before the demo
+    started are left out.
     """
 
     api: client.ApiClient
     namespace: str
+    also: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
     seen: list[trace.TraceEvent] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    _since: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __enter__(self) -> LiveTrace:
-        for target in (self._events, self._pods):
-            t = threading.Thread(target=target, daemon=True)
-            t.start()
-            self._threads.append(t)
+        targets: list[Callable[[], None]] = [self._pods]
+        targets += [lambda ns=ns: self._events(ns) for ns in (self.namespace, *self.also)]
+        for target in targets:
+            threading.Thread(target=target, daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -144,15 +151,24 @@ class LiveTrace:
             f"Events {sorted(steps - {ev.step for ev in self.seen})} in the trace",
         )
 
-    def _events(self) -> None:
+    def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
+        if ev.time < self._since - dt.timedelta(seconds=2):
+            return False
+        if namespace == self.namespace:
+            return True
+        return any(ev.regarding == f"Node {node}" for node in self.nodes)
+
+    def _events(self, namespace: str) -> None:
         while not self._stop.is_set():
             try:
-                for ev in trace.follow(self.api, self.namespace, timeout_seconds=5):
+                for ev in trace.follow(self.api, namespace, timeout_seconds=5):
                     if self._stop.is_set():
                         return
-                    if ev not in self.seen:
+                    with self._lock:
+                        if ev in self.seen or not self._wanted(ev, namespace):
+                            continue
                         self.seen.append(ev)
-                        console.print("  " + trace.render_line(ev))
+                    console.print("  " + trace.render_line(ev))
             except Exception:  # the watch ends on timeout or a blip; follow again
                 time.sleep(0.2)
 

@@ -51,6 +51,8 @@ class ProcessRecord:
     log: str
     ports: list[int] = field(default_factory=list)
     service: str | None = None  # the manifests' Service this process stands for
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # on top of the harness's environment
 
 
 def pid_alive(pid: int, exe: str | None = None) -> bool:
@@ -346,11 +348,27 @@ class LocalCluster:
                 start_new_session=True,  # outlives `gpulab up`; `down` stops it
             )
         self._children[proc.pid] = proc
-        record = ProcessRecord(name, proc.pid, argv[0], str(log), list(ports or []), service)
+        record = ProcessRecord(
+            name, proc.pid, argv[0], str(log), list(ports or []), service, argv, dict(env or {})
+        )
         # a component started again under its name (after a kill) replaces its dead record
         live = [p for p in self.processes() if p.name != name or pid_alive(p.pid, p.exe)]
         self._save([*live, record])
         return record
+
+    def stop_process(self, name: str) -> ProcessRecord:
+        """Stop one of the cluster's processes (SIGTERM, then SIGKILL); keep its record."""
+        rec = next((p for p in self.processes() if p.name == name), None)
+        if rec is None:
+            raise HarnessError(f"cluster {self.spec.name} has no process {name!r}")
+        _stop(rec)
+        return rec
+
+    def restart_process(self, name: str) -> ProcessRecord:
+        """Stop a process and start it again with the same command line and environment,
+        as a crash-and-restart (or a kubelet restarting a plugin pod) would."""
+        rec = self.stop_process(name)
+        return self.start_process(rec.name, rec.argv, rec.ports, rec.env, rec.service)
 
     def check_alive(self) -> None:
         for rec in self.processes():

@@ -31,9 +31,13 @@ def test_nodes_are_ready_with_their_profiles_gpu_capacity(cluster) -> None:
     for spec_node in cluster.spec.nodes:
         node = nodes[spec_node.name]
         assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
-        want = str(len(profiles.load(spec_node.profile).gpus)) if spec_node.profile else None
-        assert node.status.capacity.get("nvidia.com/gpu") == want
-        assert node.status.allocatable.get("nvidia.com/gpu") == want
+    # whole GPUs, one per GPU in the profile (advertised by the device plugins)
+    for name in ("gpu-a100", "gpu-t4-0", "gpu-t4-1"):
+        spec_node = next(n for n in cluster.spec.nodes if n.name == name)
+        want = str(len(profiles.load(spec_node.profile).gpus))
+        assert nodes[name].status.capacity["nvidia.com/gpu"] == want
+        assert nodes[name].status.allocatable["nvidia.com/gpu"] == want
+    assert "nvidia.com/gpu" not in nodes["cpu-only"].status.capacity
 
 
 def _pod(name: str, gpus: int) -> client.V1Pod:
@@ -50,14 +54,14 @@ def test_gpu_pod_is_bound_to_the_only_node_with_enough_free_gpus(cluster, namesp
         "pod eight Running",
     )
     assert pod.spec.node_name == "gpu-a100"
-    # gpu-a100 is now full, so a 4-GPU pod must go to a T4 node
+    # gpu-a100 is now full, so a 4-GPU pod must go to a T4 node (whole or time-sliced)
     core.create_namespaced_pod(namespace, _pod("four", 4))
     pod = wait_for(
         lambda: (p := core.read_namespaced_pod("four", namespace)).spec.node_name and p,
         60,
         "pod four bound",
     )
-    assert pod.spec.node_name in {"gpu-t4-0", "gpu-t4-1"}
+    assert pod.spec.node_name in {"gpu-t4-0", "gpu-t4-1", "gpu-t4-shared"}
 
 
 def test_pod_asking_more_gpus_than_any_node_stays_pending_with_the_reason(
