@@ -39,67 +39,91 @@ class Applied:
     dry_run: bool = False
 
 
+def _client_configs(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The webhook clientConfigs of a webhook configuration or a CRD's conversion."""
+    kind = doc.get("kind", "")
+    if kind in WEBHOOK_KINDS:
+        return [hook.setdefault("clientConfig", {}) for hook in doc.get("webhooks", [])]
+    if kind == "CustomResourceDefinition":
+        conv = doc.get("spec", {}).get("conversion", {})
+        if conv.get("strategy") == "Webhook" and conv.get("webhook"):
+            return [conv["webhook"].setdefault("clientConfig", {})]
+    return []
+
+
+def webhook_services(docs: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(name, namespace) of every Service a webhook or conversion calls."""
+    return {
+        (cfg["service"]["name"], cfg["service"]["namespace"])
+        for doc in docs
+        for cfg in _client_configs(copy.deepcopy(doc))
+        if "service" in cfg
+    }
+
+
+@dataclass
+class ServiceTransform:
+    """kind/k3d: webhooks keep calling their Service; the harness adds the caBundle of
+    the CA that signed the Services' serving certs (``<service>-tls`` Secrets)."""
+
+    ca_bundle: bytes
+
+    def __call__(self, doc: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        doc = copy.deepcopy(doc)
+        for cfg in _client_configs(doc):
+            if "service" in cfg:
+                cfg["caBundle"] = base64.b64encode(self.ca_bundle).decode()
+        return doc, False
+
+
 @dataclass
 class LocalTransform:
     """How the local backend adapts manifests written for kind.
 
     ``service_ports`` maps a webhook Service name to the 127.0.0.1 port where the host
     process serves it; ``ca_bundle`` is the PEM of the CA that signed those serving certs.
+    Workloads are validated by dry-run only: their processes run on the host.
     """
 
     ca_bundle: bytes
     service_ports: dict[str, int] = field(default_factory=dict)
 
     def __call__(self, doc: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        kind = doc.get("kind", "")
-        if kind in WORKLOAD_KINDS:
+        if doc.get("kind", "") in WORKLOAD_KINDS:
             return doc, True
-        if kind in WEBHOOK_KINDS:
-            return self._webhooks(doc), False
-        if kind == "CustomResourceDefinition":
-            return self._conversion(doc), False
+        doc = copy.deepcopy(doc)
+        for cfg in _client_configs(doc):
+            svc = cfg.pop("service", None)
+            if svc is None:
+                continue
+            port = self.service_ports.get(svc["name"])
+            if port is None:
+                raise HarnessError(
+                    f"webhook Service {svc['name']!r} has no local port; the component "
+                    "serving it must be started by the local backend first"
+                )
+            cfg["url"] = f"https://127.0.0.1:{port}{svc.get('path', '')}"
+            cfg["caBundle"] = base64.b64encode(self.ca_bundle).decode()
         return doc, False
-
-    def _client_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
-        svc = cfg.get("service")
-        if not svc:
-            return cfg
-        port = self.service_ports.get(svc["name"])
-        if port is None:
-            raise HarnessError(
-                f"webhook Service {svc['name']!r} has no local port; the component serving it "
-                "must be started by the local backend first"
-            )
-        return {
-            "url": f"https://127.0.0.1:{port}{svc.get('path', '')}",
-            "caBundle": base64.b64encode(self.ca_bundle).decode(),
-        }
-
-    def _webhooks(self, doc: dict[str, Any]) -> dict[str, Any]:
-        doc = copy.deepcopy(doc)
-        for hook in doc.get("webhooks", []):
-            hook["clientConfig"] = self._client_config(hook.get("clientConfig", {}))
-        return doc
-
-    def _conversion(self, doc: dict[str, Any]) -> dict[str, Any]:
-        conv = doc.get("spec", {}).get("conversion", {})
-        webhook = conv.get("webhook")
-        if conv.get("strategy") != "Webhook" or not webhook:
-            return doc
-        doc = copy.deepcopy(doc)
-        hook = doc["spec"]["conversion"]["webhook"]
-        hook["clientConfig"] = self._client_config(hook.get("clientConfig", {}))
-        return doc
 
 
 Transform = Callable[[dict[str, Any]], tuple[dict[str, Any], bool]]
 
 
 def load_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """All YAML documents under ``paths`` (files or directories, sorted, recursive)."""
+    """All YAML documents under ``paths`` (files or directories, sorted, recursive).
+
+    ``samples/`` directories are examples for users to apply, not part of a deployment:
+    walking a directory skips them (name a sample file explicitly to load it).
+    """
     docs: list[dict[str, Any]] = []
     for path in paths:
-        files = sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
+        if path.is_dir():
+            files = sorted(
+                f for f in path.rglob("*.yaml") if "samples" not in f.relative_to(path).parts
+            )
+        else:
+            files = [path]
         for f in files:
             try:
                 loaded = list(yaml.safe_load_all(f.read_text()))
@@ -119,9 +143,11 @@ def apply(
     paths: Iterable[Path],
     progress: Progress,
     transform: Transform | None = None,
+    extra: Iterable[dict[str, Any]] = (),
 ) -> list[Applied]:
-    """Apply CRDs, wait until they are Established, then Namespaces, then the rest."""
-    docs = load_documents(paths)
+    """Apply CRDs, wait until they are Established, then Namespaces, then the rest
+    (``extra``: objects the harness made, such as serving-cert Secrets, go with the rest)."""
+    docs = [*load_documents(paths), *extra]
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     namespaces = [d for d in docs if d["kind"] == "Namespace"]
     rest = [d for d in docs if d["kind"] not in ("CustomResourceDefinition", "Namespace")]

@@ -6,7 +6,7 @@ Written to kind's and k3d's documentation; they cannot run where this lab is dev
 API server. On a laptop with Docker:
 
     kind: docker build → kind create cluster --config kind-config.yaml → kind load
-          docker-image → apply manifests/ → wait for nodes
+          docker-image → serving-cert Secrets + caBundles → apply manifests/ → wait
     k3d:  docker build → k3d cluster create --config <rendered> → k3d kubeconfig write
           → k3d image import → apply manifests/ → wait for nodes
 
@@ -17,6 +17,7 @@ Each worker node carries its GPU profile as a file mounted at
 
 from __future__ import annotations
 
+import base64
 import shutil
 import subprocess
 import time
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 
 from gpulab.fakegpu import profiles
+from harness import pki
 from harness.errors import HarnessError
 from harness.spec import ClusterSpec
 from harness.state import cluster_dir
@@ -112,6 +114,37 @@ def k3d_config(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
+def serving_secrets(
+    ca: pki.KeyPair, directory: Path, docs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A ``<service>-tls`` Secret (kubernetes.io/tls) for each Service a webhook calls,
+    its certificate signed by ``ca`` for the Service's in-cluster DNS names."""
+    from harness.apply import webhook_services
+
+    secrets = []
+    for name, namespace in sorted(webhook_services(docs)):
+        hosts = (
+            name,
+            f"{name}.{namespace}",
+            f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.cluster.local",
+        )
+        pair = pki.issue(ca, directory, f"{name}-{namespace}", hosts[2], hosts=hosts)
+        secrets.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": f"{name}-tls", "namespace": namespace},
+                "data": {
+                    "tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
+                    "tls.key": base64.b64encode(pair.key.read_bytes()).decode(),
+                },
+            }
+        )
+    return secrets
+
+
 class DockerCluster:
     """kind or k3d, chosen by ``tool``; ``runner`` is injectable so tests see the commands."""
 
@@ -195,10 +228,23 @@ class DockerCluster:
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
         from gpulab.kube import api_client
-        from harness.apply import MANIFESTS, apply
+        from harness.apply import MANIFESTS, ServiceTransform, apply, load_documents
 
-        apply(api_client(self.kubeconfig), [MANIFESTS], progress)
+        ca = pki.create_ca(self.pki_dir())
+        secrets = serving_secrets(ca, self.pki_dir(), load_documents([MANIFESTS]))
+        apply(
+            api_client(self.kubeconfig),
+            [MANIFESTS],
+            progress,
+            ServiceTransform(ca.cert.read_bytes()),
+            extra=secrets,
+        )
         self._wait_nodes(progress)
+
+    def pki_dir(self) -> Path:
+        path = self.dir / "pki"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     def _wait_nodes(self, progress: Progress) -> None:
         from kubernetes import client

@@ -3,7 +3,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.apply import MANIFESTS, LocalTransform, load_documents
+from harness.apply import (
+    MANIFESTS,
+    LocalTransform,
+    ServiceTransform,
+    load_documents,
+    webhook_services,
+)
 from harness.errors import HarnessError
 
 WEBHOOK = {
@@ -49,3 +55,49 @@ def test_document_without_kind_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "x.yaml").write_text("apiVersion: v1\nmetadata: {name: a}\n")
     with pytest.raises(HarnessError, match=r"x.yaml: every document needs apiVersion and kind"):
         load_documents([tmp_path])
+
+
+def test_service_transform_keeps_the_service_and_adds_the_ca() -> None:
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "x"},
+        "spec": {
+            "conversion": {
+                "strategy": "Webhook",
+                "webhook": {"clientConfig": {"service": {"name": "s", "namespace": "n"}}},
+            }
+        },
+    }
+    out, dry = ServiceTransform(b"PEM")(crd)
+    cfg = out["spec"]["conversion"]["webhook"]["clientConfig"]
+    assert not dry
+    assert cfg["service"] == {"name": "s", "namespace": "n"}
+    assert base64.b64decode(cfg["caBundle"]) == b"PEM"
+    assert webhook_services([crd, WEBHOOK]) == {("s", "n"), ("svc", "ns")}
+
+
+def test_serving_secrets_are_signed_for_the_services_dns_names(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    from harness import pki
+    from harness.docker import serving_secrets
+
+    ca = pki.create_ca(tmp_path)
+    (secret,) = serving_secrets(ca, tmp_path, [WEBHOOK])
+    assert (secret["metadata"], secret["type"]) == (
+        {"name": "svc-tls", "namespace": "ns"},
+        "kubernetes.io/tls",
+    )
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "svc.ns.svc" in sans.get_values_for_type(x509.DNSName)
+    assert cert.issuer == x509.load_pem_x509_certificate(ca.cert.read_bytes()).subject
+
+
+def test_samples_are_not_part_of_a_deployment(tmp_path: Path) -> None:
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "job.yaml").write_text("apiVersion: v1\nkind: ConfigMap\n")
+    (tmp_path / "ns.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n")
+    assert [d["kind"] for d in load_documents([tmp_path])] == ["Namespace"]
+    assert len(load_documents([tmp_path / "samples" / "job.yaml"])) == 1
