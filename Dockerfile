@@ -11,7 +11,8 @@ COPY harness harness
 COPY demos demos
 COPY fake-gpu fake-gpu
 COPY manifests manifests
-RUN make -C fake-gpu && pip install --no-cache-dir -e .
+RUN make -C fake-gpu && pip install --no-cache-dir -e . \
+ && python -c "import gpulab.deviceplugin.api"  # generate the gRPC stubs into the image
 # pynvml loads libnvidia-ml.so.1 from the library path: the shim stands in for the driver
 ENV LD_LIBRARY_PATH=/opt/gpulab/fake-gpu/build
 ENTRYPOINT ["gpulab"]

@@ -25,7 +25,18 @@ def default_kubeconfig() -> Path | None:
     return home if home.exists() else None
 
 
+def in_pod() -> bool:
+    """Running as a pod (kind/k3d) with no kubeconfig given: use the ServiceAccount."""
+    return "KUBERNETES_SERVICE_HOST" in os.environ and "KUBECONFIG" not in os.environ
+
+
 def api_client(kubeconfig: str | Path | None = None) -> client.ApiClient:
+    """A client from ``kubeconfig``; without one, the pod's ServiceAccount when in a pod,
+    else $KUBECONFIG, the local cluster's kubeconfig or ~/.kube/config."""
+    if kubeconfig is None and in_pod():
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
     path = Path(kubeconfig) if kubeconfig else default_kubeconfig()
     if path is None or not path.exists():
         raise KubeconfigError(

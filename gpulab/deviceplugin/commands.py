@@ -25,12 +25,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kubernetes import client, config
+from kubernetes import client
 
 from gpulab.cli import CLIError
 from gpulab.deviceplugin.rm import MIG_STRATEGIES, ResourceError
 from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
-from gpulab.kube import api_client
+from gpulab.kube import api_client, in_pod
 
 if TYPE_CHECKING:
     from gpulab.deviceplugin.main import Options
@@ -72,12 +72,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _api(kubeconfig: str | None) -> client.ApiClient | None:
-    if kubeconfig:
-        return api_client(kubeconfig)
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return client.ApiClient()
-    return None
+    # no API server at all is fine: the plugin then only speaks gRPC to kubelet
+    return api_client(kubeconfig) if kubeconfig or in_pod() else None
 
 
 def options(args: argparse.Namespace) -> Options:
