@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
-        demo-cluster demo-device-plugin
+        demo-cluster demo-device-plugin demo-hami demo-kueue
 
 setup: venv fake-gpu binaries
 
@@ -50,8 +50,14 @@ bench: setup
 demo-cluster: setup
 	@$(GPULAB) demo cluster
 
+demo-hami: setup
+	@$(GPULAB) demo hami --spec hami
+
 demo-device-plugin: setup
 	@$(GPULAB) demo device-plugin
+
+demo-kueue: setup
+	@$(GPULAB) demo kueue
 
 down: venv
 	@$(GPULAB) down

@@ -6,30 +6,17 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from bench import cluster_start
+from bench import cluster_start, hami_extender, kueue_admission
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
 
-def main() -> int:
-    REPORTS.mkdir(exist_ok=True)
-    results = {"cluster_start": cluster_start.run()}
-    meta = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": f"{platform.machine()}, {platform.processor() or '?'}",
-        "python": sys.version.split()[0],
-    }
-    for name, data in results.items():
-        (REPORTS / f"{name}.json").write_text(json.dumps({**meta, **data}, indent=1))
-    cs = results["cluster_start"]
-    lines = [
-        "# Benchmarks",
-        "",
-        f"Run {meta['when']} on {meta['machine']} (2 cores). Numbers from one run; the",
-        "machine is shared, so read them as orders of magnitude and ratios, not limits.",
-        "",
+def cluster_start_section(cs: dict[str, Any]) -> list[str]:
+    return [
         "## Cluster start (local backend, binaries cached)",
         "",
         f"{cs['nodes']} simulated GPU nodes, {cs['rounds']} rounds.",
@@ -47,10 +34,49 @@ def main() -> int:
         f"Target: ready in under {cs['target_up_s']:.0f} s → "
         + ("met." if cs["up_median_s"] < cs["target_up_s"] else "**not met**."),
     ]
+
+
+# name -> (run, its REPORT.md section), in report order
+BENCHMARKS: dict[
+    str, tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], list[str]]]
+] = {
+    "cluster_start": (cluster_start.run, cluster_start_section),
+    "kueue_admission": (kueue_admission.run, kueue_admission.section),
+    "hami_extender": (hami_extender.run, hami_extender.section),
+}
+
+
+def main(names: list[str]) -> int:
+    """Run the named benchmarks (all without names); REPORT.md keeps the others' last
+    results from their bench/reports/<name>.json."""
+    unknown = set(names) - set(BENCHMARKS)
+    if unknown:
+        sys.exit(f"unknown benchmarks {sorted(unknown)}; known: {', '.join(BENCHMARKS)}")
+    REPORTS.mkdir(exist_ok=True)
+    results = {
+        name: run() for name, (run, _section) in BENCHMARKS.items() if name in (names or BENCHMARKS)
+    }
+    meta = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": f"{platform.machine()}, {platform.processor() or '?'}",
+        "python": sys.version.split()[0],
+    }
+    for name, data in results.items():
+        (REPORTS / f"{name}.json").write_text(json.dumps({**meta, **data}, indent=1))
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Run {meta['when']} on {meta['machine']} (2 cores). Numbers from one run; the",
+        "machine is shared, so read them as orders of magnitude and ratios, not limits.",
+    ]
+    for name, (_run, section) in BENCHMARKS.items():
+        saved = REPORTS / f"{name}.json"
+        if saved.exists():
+            lines += ["", *section(json.loads(saved.read_text()))]
     (REPORTS / "REPORT.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -8,6 +8,8 @@ import importlib
 CHAPTERS = {
     "cluster": "demos.cluster",
     "device-plugin": "demos.device_plugin",
+    "hami": "demos.hami",
+    "kueue": "demos.kueue",
 }
 
 

@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "demos.commands",
     "gpulab.fakegpu.commands",
     "gpulab.hami.commands",
+    "gpulab.kueue.commands",
     "gpulab.deviceplugin.commands",
     "gpulab.nodeagent.commands",
 ]

@@ -41,6 +41,7 @@ Progress = Callable[[str], None]
 HERE = Path(__file__).resolve().parent
 SERVICE_CIDR = "10.96.0.0/16"
 START_TIMEOUT = 90.0
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
 @dataclass
@@ -492,9 +493,12 @@ class LocalCluster:
         if not procs:
             progress(f"cluster {self.spec.name} is not running")
             return
-        # Reverse start order, one at a time: components before the control plane, and
-        # etcd last, so kube-apiserver can shut down cleanly instead of retrying etcd.
-        for rec in reversed(procs):
+        # Components (anything after the control plane) all at once, then the control
+        # plane in reverse start order, etcd last, so kube-apiserver shuts down cleanly
+        # instead of retrying etcd.
+        control = [p for p in procs if p.name in CONTROL_PLANE]
+        _stop(*[p for p in procs if p.name not in CONTROL_PLANE])
+        for rec in reversed(control):
             _stop(rec)
         ports = [port for rec in procs for port in rec.ports]
         deadline = time.monotonic() + 10
@@ -510,17 +514,19 @@ class LocalCluster:
         return [(r.name, r.pid, pid_alive(r.pid, r.exe)) for r in self.processes()]
 
 
-def _stop(rec: ProcessRecord, grace: float = 10.0) -> None:
-    if not pid_alive(rec.pid, rec.exe):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(rec.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and pid_alive(rec.pid, rec.exe):
-        time.sleep(0.02)
-    if pid_alive(rec.pid, rec.exe):
+def _stop(*recs: ProcessRecord, grace: float = 10.0) -> None:
+    """SIGTERM each process's group, wait up to ``grace`` for all, SIGKILL what is left."""
+    alive = [r for r in recs if pid_alive(r.pid, r.exe)]
+    for rec in alive:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(rec.pid, signal.SIGKILL)
+            os.killpg(rec.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(pid_alive(r.pid, r.exe) for r in alive):
+        time.sleep(0.02)
+    for rec in alive:
+        if pid_alive(rec.pid, rec.exe):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(rec.pid, signal.SIGKILL)
 
 
 def _has_default_sa(core: Any) -> bool:

@@ -62,7 +62,9 @@ def pending_pod(pods: Sequence[Mapping[str, Any]], node: str) -> Mapping[str, An
 
     def waiting(pod: Mapping[str, Any]) -> bool:
         annos = pod.get("metadata", {}).get("annotations") or {}
-        if pod.get("status", {}).get("phase", "Pending") != "Pending":
+        # Not only Pending: on kwok nodes the pod-ready Stage marks a bound pod Running
+        # before kubelet's device manager (the node agent) calls Allocate.
+        if pod.get("status", {}).get("phase", "Pending") in ("Succeeded", "Failed"):
             return False
         if annos.get(ha.ASSIGNED_NODE) != node or ha.BIND_TIME not in annos:
             return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
@@ -109,8 +110,11 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             self._server.stop(grace=1).wait()
             self._server = None
         self.socket.unlink(missing_ok=True)
+        # The pod watch blocks in a read until its server-side timeout; it is a daemon
+        # thread, so give the others a moment to finish their item and do not wait for it.
+        deadline = time.monotonic() + 1.0
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # ---------------------------------------------------------------- Registration service
 

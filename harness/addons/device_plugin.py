@@ -16,6 +16,7 @@ from kubernetes import client
 
 from gpulab.fakegpu import profiles
 from gpulab.fakegpu.nvml import shim_env
+from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
 from harness.apply import MANIFESTS, apply
 from harness.errors import HarnessError
 from harness.spec import NodeSpec
@@ -56,7 +57,9 @@ def expected_resources(node: NodeSpec) -> dict[str, int]:
         # every MIG device counts as one nvidia.com/gpu (the plugin insists on one layout)
         total = sum(len(g.mig_instances) or 1 for g in profile.gpus)
         return {"nvidia.com/gpu": total * cfg.replicas}
-    return {"nvidia.com/gpu": len(profile.gpus) * cfg.replicas}
+    # HAMi mode advertises its split count of shares per GPU (gpulab device-plugin --hami)
+    shares = DEFAULT_SPLIT_COUNT if cfg.hami and cfg.replicas == 1 else cfg.replicas
+    return {"nvidia.com/gpu": len(profile.gpus) * shares}
 
 
 def start(cluster: LocalCluster, progress: Progress) -> None:

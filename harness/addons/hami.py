@@ -28,12 +28,12 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 SERVICE = "hami-scheduler"  # the Service the webhook names in manifests/hami
 SCHEDULER_NAME = "hami-scheduler"
+EXTENDER = "hami-extender"  # its ProcessRecord: ports [routes, metrics]
 
 
 def start(cluster: LocalCluster, progress: Progress) -> None:
-    cert = cluster.issue_serving_cert("hami-scheduler", SERVICE)
     port, metrics_port, scheduler_port = free_port(), free_port(), free_port()
-    start_extender(cluster, port, metrics_port, cert.cert, cert.key)
+    start_extender(cluster, port, metrics_port)
     cluster.wait_http(f"https://127.0.0.1:{port}/readyz", "hami extender")
     config = cluster.dir / "hami-scheduler-config.yaml"
     config.write_text(yaml.safe_dump(scheduler_config(cluster, port), sort_keys=False))
@@ -57,12 +57,12 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
     )
 
 
-def start_extender(
-    cluster: LocalCluster, port: int, metrics_port: int, cert: Any, key: Any
-) -> None:
-    """Start (or restart, after a kill) the extender process on fixed ports."""
+def start_extender(cluster: LocalCluster, port: int, metrics_port: int) -> None:
+    """Start (or restart, after a kill) the extender process on fixed ports, serving a
+    certificate from the cluster CA (the webhook's caBundle and the scheduler trust it)."""
+    cert = cluster.issue_serving_cert("hami-scheduler", SERVICE)
     cluster.start_process(
-        "hami-extender",
+        EXTENDER,
         [
             *GPULAB,
             "extender",
@@ -73,9 +73,9 @@ def start_extender(
             "--metrics-bind",
             f"127.0.0.1:{metrics_port}",
             "--cert-file",
-            str(cert),
+            str(cert.cert),
             "--key-file",
-            str(key),
+            str(cert.key),
         ],
         ports=[port, metrics_port],
         service=SERVICE,

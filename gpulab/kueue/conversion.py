@@ -1,0 +1,185 @@
+"""CRD conversion between kueue.x-k8s.io/v1beta1 and v1beta2 (the hub, stored).
+
+Mirrors apis/kueue/v1beta1/{clusterqueue,localqueue,workload}_conversion.go for the
+fields this lab serves; fields that exist in only one version (Topology Aware
+Scheduling assignments, ConcurrentAdmission, MultiKueue) are not converted.
+Every function takes and returns plain dicts and does not change its input.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpulab.kueue import api
+
+Obj = dict[str, Any]
+
+V1BETA1 = f"{api.GROUP}/{api.OLD_VERSION}"
+V1BETA2 = api.API_VERSION
+
+# v1beta1 spells this status field with a typo upstream.
+_OLD_EXEC_TIME = "accumulatedPastExexcutionTimeSeconds"
+_EXEC_TIME = "accumulatedPastExecutionTimeSeconds"
+_WPC_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
+_POD_PC_SOURCE = "scheduling.k8s.io/priorityclass"
+
+
+class ConversionError(ValueError):
+    pass
+
+
+def _rename(d: dict[str, Any], old: str, new: str) -> None:
+    if old in d:
+        value = d.pop(old)
+        if value not in (None, ""):
+            d[new] = value
+
+
+# -- ClusterQueue ------------------------------------------------------------------------
+
+
+def _cq_to_v1beta2(obj: Obj) -> None:
+    spec = obj.get("spec")
+    if spec:
+        _rename(spec, "cohort", "cohortName")
+        checks = spec.pop("admissionChecks", None)
+        if checks:
+            spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": n} for n in checks]}
+        fung = spec.get("flavorFungibility")
+        if fung:
+            # v1beta1's deprecated names for MayStopSearch.
+            if fung.get("whenCanBorrow") == "Borrow":
+                fung["whenCanBorrow"] = "MayStopSearch"
+            if fung.get("whenCanPreempt") == "Preempt":
+                fung["whenCanPreempt"] = "MayStopSearch"
+    (obj.get("status") or {}).pop("pendingWorkloadsStatus", None)
+
+
+def _cq_to_v1beta1(obj: Obj) -> None:
+    spec = obj.get("spec")
+    if spec:
+        _rename(spec, "cohortName", "cohort")
+        spec.pop("concurrentAdmissionPolicy", None)
+
+
+# -- LocalQueue ----------------------------------------------------------------------------
+
+
+def _lq_to_v1beta2(obj: Obj) -> None:
+    status = obj.get("status")
+    if status:
+        _rename(status, "flavorUsage", "flavorsUsage")
+        status.pop("flavors", None)
+
+
+def _lq_to_v1beta1(obj: Obj) -> None:
+    status = obj.get("status")
+    if status:
+        _rename(status, "flavorsUsage", "flavorUsage")
+
+
+# -- Workload ------------------------------------------------------------------------------
+
+
+def _wl_to_v1beta2(obj: Obj) -> None:
+    spec = obj.get("spec")
+    if spec:
+        name = spec.pop("priorityClassName", None)
+        source = spec.pop("priorityClassSource", None)
+        if name and source == _WPC_SOURCE:
+            spec["priorityClassRef"] = {
+                "group": api.GROUP,
+                "kind": "WorkloadPriorityClass",
+                "name": name,
+            }
+        elif name and source == _POD_PC_SOURCE:
+            spec["priorityClassRef"] = {
+                "group": "scheduling.k8s.io",
+                "kind": "PriorityClass",
+                "name": name,
+            }
+    status = obj.get("status")
+    if status:
+        # v1beta1 spells it with a typo upstream.
+        _rename(
+            status, "accumulatedPastExexcutionTimeSeconds", "accumulatedPastExecutionTimeSeconds"
+        )
+
+
+def _wl_to_v1beta1(obj: Obj) -> None:
+    spec = obj.get("spec")
+    if spec:
+        ref = spec.pop("priorityClassRef", None)
+        if ref:
+            if ref.get("group") == api.GROUP and ref.get("kind") == "WorkloadPriorityClass":
+                spec["priorityClassSource"] = _WPC_SOURCE
+                spec["priorityClassName"] = ref.get("name", "")
+            elif ref.get("group") == "scheduling.k8s.io" and ref.get("kind") == "PriorityClass":
+                spec["priorityClassSource"] = _POD_PC_SOURCE
+                spec["priorityClassName"] = ref.get("name", "")
+        spec.pop("preemptionGates", None)
+    status = obj.get("status")
+    if status:
+        _rename(
+            status, "accumulatedPastExecutionTimeSeconds", "accumulatedPastExexcutionTimeSeconds"
+        )
+        status.pop("preemptionGates", None)
+
+
+def _same(obj: Obj) -> None:
+    """Kinds whose v1beta1 and v1beta2 schemas are the same for this lab."""
+
+
+_TO_V1BETA2: Mapping[str, Callable[[Obj], None]] = {
+    "ClusterQueue": _cq_to_v1beta2,
+    "LocalQueue": _lq_to_v1beta2,
+    "Workload": _wl_to_v1beta2,
+    "ResourceFlavor": _same,
+}
+_TO_V1BETA1: Mapping[str, Callable[[Obj], None]] = {
+    "ClusterQueue": _cq_to_v1beta1,
+    "LocalQueue": _lq_to_v1beta1,
+    "Workload": _wl_to_v1beta1,
+    "ResourceFlavor": _same,
+}
+
+
+def convert(obj: Mapping[str, Any], desired_api_version: str) -> Obj:
+    """One object converted to ``desired_api_version`` (v1beta1 <-> v1beta2)."""
+    kind = obj.get("kind", "")
+    source = obj.get("apiVersion", "")
+    out = copy.deepcopy(dict(obj))
+    if source == desired_api_version:
+        return out
+    if kind not in _TO_V1BETA2:
+        raise ConversionError(f"unsupported kind {kind!r}")
+    if (source, desired_api_version) == (V1BETA1, V1BETA2):
+        _TO_V1BETA2[kind](out)
+    elif (source, desired_api_version) == (V1BETA2, V1BETA1):
+        _TO_V1BETA1[kind](out)
+    else:
+        raise ConversionError(f"cannot convert {kind} from {source!r} to {desired_api_version!r}")
+    out["apiVersion"] = desired_api_version
+    return out
+
+
+def review(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Answer a ConversionReview (apiextensions.k8s.io/v1)."""
+    request = body.get("request") or {}
+    response: dict[str, Any] = {"uid": request.get("uid", "")}
+    try:
+        desired = request.get("desiredAPIVersion")
+        if not desired:
+            raise ConversionError("request.desiredAPIVersion is required")
+        response["convertedObjects"] = [convert(o, desired) for o in request.get("objects") or []]
+        response["result"] = {"status": "Success"}
+    except ConversionError as exc:
+        response["convertedObjects"] = []
+        response["result"] = {"status": "Failure", "message": str(exc)}
+    return {
+        "apiVersion": body.get("apiVersion", "apiextensions.k8s.io/v1"),
+        "kind": "ConversionReview",
+        "response": response,
+    }

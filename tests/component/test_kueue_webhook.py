@@ -1,0 +1,158 @@
+"""The Kueue webhook HTTP app with real AdmissionReview v1 / ConversionReview v1 bodies."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import ipaddress
+import json
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from gpulab.kueue import webhook
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kueue"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def apply_json_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+    """Enough of RFC 6902 (add/replace) to apply what the webhook returns."""
+    out = copy.deepcopy(obj)
+    for op in patch:
+        assert op["op"] in ("add", "replace")
+        *parents, last = op["path"].lstrip("/").split("/")
+        target = out
+        for p in parents:
+            target = target[p]
+        target[last] = op["value"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """An HTTPS client for the webhook server, started once for this module."""
+    cert, key = _self_signed(tmp_path_factory.mktemp("certs"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = webhook.serve_in_thread(f"127.0.0.1:{port}", str(cert), str(key))
+    verify = ssl.create_default_context(cafile=str(cert))
+    try:
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=verify, timeout=5) as c:
+            yield c
+    finally:
+        server.should_exit = True
+
+
+def test_job_with_queue_name_is_created_suspended(client: httpx.Client) -> None:
+    review = fixture("admission-review-job.json")
+    resp = client.post("/mutate-batch-v1-job", json=review)
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
+    out = body["response"]
+    assert out["uid"] == review["request"]["uid"]
+    assert out["allowed"] is True
+    assert out["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(out["patch"]))
+    job = apply_json_patch(review["request"]["object"], patch)
+    assert job["spec"]["suspend"] is True
+    # Nothing else in the Job changes.
+    job["spec"]["suspend"] = False
+    assert job == review["request"]["object"]
+
+
+def test_job_without_queue_name_or_already_suspended_is_untouched(client: httpx.Client) -> None:
+    review = fixture("admission-review-job.json")
+    review["request"]["object"]["metadata"]["labels"] = {"app": "other"}
+    out = client.post("/mutate-batch-v1-job", json=review).json()["response"]
+    assert out["allowed"] is True and "patch" not in out
+    review = fixture("admission-review-job.json")
+    review["request"]["object"]["spec"]["suspend"] = True
+    out = client.post("/mutate-batch-v1-job", json=review).json()["response"]
+    assert "patch" not in out
+
+
+def test_conversion_review(client: httpx.Client) -> None:
+    review = fixture("conversion-review-clusterqueue.json")
+    resp = client.post("/convert", json=review)
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["kind"] == "ConversionReview" and body["apiVersion"] == "apiextensions.k8s.io/v1"
+    out = body["response"]
+    assert out["uid"] == review["request"]["uid"]
+    assert out["result"] == {"status": "Success"}
+    cq, lq = out["convertedObjects"]
+    assert cq["apiVersion"] == lq["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert cq["spec"]["cohortName"] == "gpu-team" and "cohort" not in cq["spec"]
+    assert cq["spec"]["flavorFungibility"]["whenCanBorrow"] == "MayStopSearch"
+    # metadata (uid, resourceVersion) must come back unchanged, or the API server fails.
+    assert cq["metadata"] == review["request"]["objects"][0]["metadata"]
+    assert lq["status"]["flavorsUsage"][0]["resources"][0]["total"] == "2"
+
+
+def test_conversion_failure_is_reported_in_result(client: httpx.Client) -> None:
+    review = fixture("conversion-review-clusterqueue.json")
+    review["request"]["desiredAPIVersion"] = "kueue.x-k8s.io/v1alpha1"
+    out = client.post("/convert", json=review).json()["response"]
+    assert out["result"]["status"] == "Failure"
+    assert "v1alpha1" in out["result"]["message"]
+
+
+def test_bad_bodies_and_health(client: httpx.Client) -> None:
+    assert client.post("/convert", content=b"not json").status_code == 400
+    assert client.post("/mutate-batch-v1-job", json=[1, 2]).status_code == 400
+    assert client.get("/healthz").text == "ok"
+    assert client.get("/readyz").status_code == 200
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kueue-webhook")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp / "tls.crt", tmp / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+def test_parse_bind() -> None:
+    assert webhook.parse_bind("127.0.0.1:9443") == ("127.0.0.1", 9443)
+    for bad in ("9443", "127.0.0.1:", ":9443", "host:port"):
+        with pytest.raises(ValueError):
+            webhook.parse_bind(bad)

@@ -1,0 +1,56 @@
+"""`gpulab kueue-controller` argument handling."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from gpulab.cli import COMMAND_MODULES, CLIError
+from gpulab.kueue import commands
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    commands.add_commands(parser.add_subparsers())
+    return parser.parse_args(["kueue-controller", *argv])
+
+
+def test_registered_in_the_cli() -> None:
+    assert "gpulab.kueue.commands" in COMMAND_MODULES
+
+
+def test_flags() -> None:
+    args = parse(
+        "--kubeconfig",
+        "k",
+        "--webhook-bind",
+        "127.0.0.1:9443",
+        "--cert-file",
+        "c",
+        "--key-file",
+        "k2",
+    )
+    assert (args.kubeconfig, args.webhook_bind) == ("k", "127.0.0.1:9443")
+    assert (args.cert_file, args.key_file) == (Path("c"), Path("k2"))
+    assert args.resync_seconds == 5.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--webhook-bind", "127.0.0.1:9443"], "--webhook-bind needs --cert-file"),
+        (["--webhook-bind", "9443"], "must be HOST:PORT"),
+        (["--cert-file", "c"], "only used with --webhook-bind"),
+        (
+            ["--webhook-bind", "127.0.0.1:1", "--cert-file", "/nope", "--key-file", "/nope"],
+            "--cert-file /nope: no such file",
+        ),
+        (["--resync-seconds", "0"], "must be positive"),
+    ],
+)
+def test_user_errors_are_one_line(argv: list[str], message: str) -> None:
+    args = parse(*argv)
+    with pytest.raises(CLIError, match=message):
+        args.func(args)
