@@ -12,14 +12,12 @@ import asyncio
 import errno
 import hashlib
 import logging
-import os
 import socket
 import ssl
 import threading
 from dataclasses import dataclass
 
 import uvicorn
-from kubernetes import client, config
 from prometheus_client import start_http_server
 
 from gpulab.hami.cluster import KubeCluster
@@ -115,19 +113,6 @@ class CertReloader:
                 _log.warning("%s", exc)
 
 
-def _api(kubeconfig: str | None) -> client.ApiClient:
-    """The kubeconfig client; in a pod without one, the service account (InClusterConfig)."""
-    if (
-        not kubeconfig
-        and not os.environ.get("KUBECONFIG")
-        and os.environ.get("KUBERNETES_SERVICE_HOST")
-    ):
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    return api_client(kubeconfig)
-
-
 def _thread(target: object, *args: object, name: str) -> None:
     threading.Thread(target=target, args=args, name=name, daemon=True).start()  # type: ignore[arg-type]
 
@@ -135,7 +120,7 @@ def _thread(target: object, *args: object, name: str) -> None:
 def start(opts: ServerOptions) -> None:
     """Run the extender until interrupted."""
     http_sock = listen(opts.http_bind, "--http-bind")
-    api = _api(opts.kubeconfig)
+    api = api_client(opts.kubeconfig)
     cluster = KubeCluster(api)
     tracer = Tracer("hami-scheduler", api)
     scheduler = Scheduler(cluster, opts.scheduler, tracer)

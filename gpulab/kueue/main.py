@@ -7,10 +7,7 @@ manager loop with its informers, until interrupted.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
-
-from kubernetes import client, config
 
 from gpulab.kube import api_client
 from gpulab.kueue import webhook
@@ -32,7 +29,7 @@ def run(
     if webhook_bind is not None:
         assert cert_file is not None and key_file is not None
         server = webhook.serve_in_thread(webhook_bind, str(cert_file), str(key_file))
-    api = _api(kubeconfig)
+    api = api_client(kubeconfig)
     tracer = Tracer("kueue-controller", api)
     manager = Manager(KubeClient(api), tracer, resync_seconds=resync_seconds)
     try:
@@ -43,13 +40,3 @@ def run(
         if server is not None:
             server.should_exit = True
     return 0
-
-
-def _api(kubeconfig: str | None) -> client.ApiClient:
-    """The kubeconfig given, else the pod's service account when running in a cluster
-    (the kind Deployment), else the lab's default kubeconfig."""
-    in_pod = "KUBERNETES_SERVICE_HOST" in os.environ and "KUBECONFIG" not in os.environ
-    if kubeconfig is None and in_pod:
-        config.load_incluster_config()
-        return client.ApiClient()
-    return api_client(kubeconfig)

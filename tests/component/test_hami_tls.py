@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import socket
 import ssl
 import threading
@@ -12,40 +11,19 @@ from pathlib import Path
 import pytest
 import uvicorn
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from test_hami_extender import World
 
 from gpulab.cli import main
 from gpulab.hami.server import CertReloader
+from harness import pki
 
 
-def write_cert(directory: Path, serial: int) -> tuple[str, str]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hami-scheduler")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(serial)
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = directory / "tls.crt", directory / "tls.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return str(cert_file), str(key_file)
+def write_cert(directory: Path) -> tuple[str, str, int]:
+    """A fresh serving cert (random serial) over the same two files; returns its serial."""
+    ca = pki.create_ca(directory)
+    pair = pki.issue(ca, directory, "tls", "hami-scheduler", hosts=("localhost",))
+    serial = x509.load_pem_x509_certificate(pair.cert.read_bytes()).serial_number
+    return str(pair.cert), str(pair.key), serial
 
 
 def served_serial(port: int) -> int:
@@ -64,7 +42,7 @@ def served_serial(port: int) -> int:
 
 
 def test_https_serves_the_new_certificate_after_the_files_change(tmp_path: Path) -> None:
-    cert_file, key_file = write_cert(tmp_path, serial=1001)
+    cert_file, key_file, first = write_cert(tmp_path)
     reloader = CertReloader(cert_file, key_file)
     config = uvicorn.Config(
         World().app,
@@ -84,11 +62,11 @@ def test_https_serves_the_new_certificate_after_the_files_change(tmp_path: Path)
     try:
         while not server.started:
             time.sleep(0.01)
-        assert served_serial(port) == 1001
+        assert served_serial(port) == first
         assert not reloader.check()  # unchanged files: nothing to do
-        write_cert(tmp_path, serial=2002)
+        _, _, second = write_cert(tmp_path)
         assert reloader.check()
-        assert served_serial(port) == 2002
+        assert served_serial(port) == second != first
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
-import datetime as dt
-import ipaddress
 import json
-import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from gpulab.kueue import webhook
+from harness import pki
+from harness.ports import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kueue"
 
@@ -45,12 +40,12 @@ def apply_json_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[s
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     """An HTTPS client for the webhook server, started once for this module."""
-    cert, key = _self_signed(tmp_path_factory.mktemp("certs"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = webhook.serve_in_thread(f"127.0.0.1:{port}", str(cert), str(key))
-    verify = ssl.create_default_context(cafile=str(cert))
+    certs = tmp_path_factory.mktemp("certs")
+    ca = pki.create_ca(certs)
+    pair = pki.issue(ca, certs, "tls", "kueue-webhook", hosts=("127.0.0.1",))
+    port = free_port()
+    server = webhook.serve_in_thread(f"127.0.0.1:{port}", str(pair.cert), str(pair.key))
+    verify = ssl.create_default_context(cafile=str(ca.cert))
     try:
         with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=verify, timeout=5) as c:
             yield c
@@ -118,37 +113,6 @@ def test_bad_bodies_and_health(client: httpx.Client) -> None:
     assert client.post("/mutate-batch-v1-job", json=[1, 2]).status_code == 400
     assert client.get("/healthz").text == "ok"
     assert client.get("/readyz").status_code == 200
-
-
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kueue-webhook")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = tmp / "tls.crt", tmp / "tls.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_file, key_file
 
 
 def test_parse_bind() -> None:

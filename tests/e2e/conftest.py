@@ -6,6 +6,7 @@ component tests, against real kube-apiserver / controller-manager / scheduler an
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ class Cluster:
     api: client.ApiClient
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    spec = load("e2e")
+@contextlib.contextmanager
+def running_cluster(spec_name: str) -> Iterator[Cluster]:
+    """A local-backend cluster from harness/clusters/<spec_name>.yaml, up for the block."""
+    spec = load(spec_name)
     local = LocalCluster(spec)
     local.down(print)  # a cluster left over from an interrupted run
     local.up(print)
@@ -46,14 +48,31 @@ def cluster() -> Iterator[Cluster]:
         local.down(print)
 
 
-@pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace whose default ServiceAccount exists (pods are admitted)."""
+@contextlib.contextmanager
+def fresh_namespace(api: client.ApiClient, prefix: str) -> Iterator[str]:
+    """A new namespace whose default ServiceAccount exists (pods are admitted); its pods
+    are gone (their devices free) before the next test starts."""
     from demos.common import wait_for
 
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(cluster.api)
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     wait_for(lambda: core.list_namespaced_service_account(name).items, 30, "default ServiceAccount")
-    yield name
-    core.delete_namespace(name)
+    try:
+        yield name
+    finally:
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        wait_for(lambda: not core.list_namespaced_pod(name).items, 60, f"pods of {name} to go")
+        core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    with running_cluster("e2e") as c:
+        yield c
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    with fresh_namespace(cluster.api, "e2e") as name:
+        yield name

@@ -11,14 +11,13 @@ import json
 import os
 import random
 import signal
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
+from conftest import Cluster, fresh_namespace, running_cluster
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -27,10 +26,8 @@ from demos.common import wait_for
 from gpulab.fakegpu.profiles import gpu_uuid
 from gpulab.hami import annotations as ha
 from gpulab.hami.score import BINPACK, SPREAD
-from gpulab.kube import api_client
 from harness.addons.hami import EXTENDER, start_extender
-from harness.local import LocalCluster, pid_alive
-from harness.spec import load
+from harness.local import pid_alive
 
 SPEC = "hami-e2e"
 # Every test starts on an empty cluster (the ns fixture waits until its pods are gone), so
@@ -39,34 +36,16 @@ SPEC = "hami-e2e"
 A100 = "gpu-a100"
 
 
-@dataclass
-class Hami:
-    local: LocalCluster
-    api: client.ApiClient
-
-
 @pytest.fixture(scope="module")
-def hami() -> Iterator[Hami]:
-    local = LocalCluster(load(SPEC))
-    local.down(print)  # a cluster left over from an interrupted run
-    local.up(print)
-    try:
-        yield Hami(local, api_client(local.kubeconfig))
-    finally:
-        local.down(print)
+def hami() -> Iterator[Cluster]:
+    with running_cluster(SPEC) as c:
+        yield c
 
 
 @pytest.fixture
-def ns(hami: Hami) -> Iterator[str]:
-    """A fresh namespace; its pods are gone (their GPUs free) when the test ends."""
-    name = f"hami-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(hami.api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    wait_for(lambda: core.list_namespaced_service_account(name).items, 30, "default ServiceAccount")
-    yield name
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    wait_for(lambda: not core.list_namespaced_pod(name).items, 60, f"pods of {name} to go")
-    core.delete_namespace(name)
+def ns(hami: Cluster) -> Iterator[str]:
+    with fresh_namespace(hami.api, "hami") as name:
+        yield name
 
 
 def create(api: client.ApiClient, ns: str, pod: dict[str, Any]) -> client.V1Pod:
@@ -95,7 +74,7 @@ def create_concurrently(api: client.ApiClient, ns: str, pods: list[dict[str, Any
         list(pool.map(lambda p: create(api, ns, p), pods))
 
 
-def test_three_vgpu_pods_share_one_gpu_under_binpack(hami: Hami, ns: str) -> None:
+def test_three_vgpu_pods_share_one_gpu_under_binpack(hami: Cluster, ns: str) -> None:
     names = [f"bp-{i}" for i in range(3)]
     for name in names:
         create(hami.api, ns, demo.vgpu_pod(name, 3000, 30, BINPACK))
@@ -114,7 +93,7 @@ def test_three_vgpu_pods_share_one_gpu_under_binpack(hami: Hami, ns: str) -> Non
     assert demo.annotations(pod)[ha.DEVICES_TO_ALLOCATE] == ";"  # all containers done
 
 
-def test_three_vgpu_pods_land_on_different_gpus_under_spread(hami: Hami, ns: str) -> None:
+def test_three_vgpu_pods_land_on_different_gpus_under_spread(hami: Cluster, ns: str) -> None:
     names = [f"sp-{i}" for i in range(3)]
     for name in names:
         create(hami.api, ns, demo.vgpu_pod(name, 3000, 30, SPREAD))
@@ -123,7 +102,9 @@ def test_three_vgpu_pods_land_on_different_gpus_under_spread(hami: Hami, ns: str
     assert sorted(cards) == sorted((A100, gpu_uuid(A100, i)) for i in range(3)), cards
 
 
-def test_pod_that_fits_no_gpu_stays_pending_with_the_extenders_reason(hami: Hami, ns: str) -> None:
+def test_pod_that_fits_no_gpu_stays_pending_with_the_extenders_reason(
+    hami: Cluster, ns: str
+) -> None:
     create(hami.api, ns, demo.vgpu_pod("too-big", 50000, 10))  # no card has 50000 MiB
     message = wait_for(
         lambda: demo.failed_scheduling(hami.api, ns, "too-big"), 60, "FailedScheduling"
@@ -138,7 +119,7 @@ def test_pod_that_fits_no_gpu_stays_pending_with_the_extenders_reason(hami: Hami
     assert ha.ASSIGNED_NODE not in demo.annotations(pod)
 
 
-def test_fifty_concurrent_vgpu_pods_never_overbook_a_gpu(hami: Hami, ns: str) -> None:
+def test_fifty_concurrent_vgpu_pods_never_overbook_a_gpu(hami: Cluster, ns: str) -> None:
     rng = random.Random(5)
     # GPU binpack piles pods onto the fullest card until its shares, memory or cores run
     # out: every limit is hit while 50 pods race through Filter and Bind.
@@ -164,7 +145,7 @@ def test_fifty_concurrent_vgpu_pods_never_overbook_a_gpu(hami: Hami, ns: str) ->
     ), usage
 
 
-def test_extender_restart_mid_run_loses_no_allocation(hami: Hami, ns: str) -> None:
+def test_extender_restart_mid_run_loses_no_allocation(hami: Cluster, ns: str) -> None:
     # 50 % cores each: two pods fill a card. A restarted extender that forgot the first
     # batch would see full cards as empty and binpack the second batch onto them.
     first = [demo.vgpu_pod(f"a-{i}", 2000, 50, BINPACK) for i in range(16)]
@@ -206,7 +187,7 @@ def test_extender_restart_mid_run_loses_no_allocation(hami: Hami, ns: str) -> No
         assert float(line.rsplit(" ", 1)[1]) == mem * 2**20, line
 
 
-def test_webhook_sets_scheduler_name_and_rejects_bad_gpu_pods(hami: Hami, ns: str) -> None:
+def test_webhook_sets_scheduler_name_and_rejects_bad_gpu_pods(hami: Cluster, ns: str) -> None:
     gpu = create(hami.api, ns, demo.vgpu_pod("mutated", 1000, 0))
     assert gpu.spec.scheduler_name == "hami-scheduler"
     cpu_only = demo.vgpu_pod("cpu-only", 1, 0)
@@ -228,6 +209,6 @@ def test_webhook_sets_scheduler_name_and_rejects_bad_gpu_pods(hami: Hami, ns: st
     assert names == {"mutated", "cpu-only"}
 
 
-def test_demo_runs_against_the_hami_cluster(hami: Hami) -> None:
+def test_demo_runs_against_the_hami_cluster(hami: Cluster) -> None:
     args = argparse.Namespace(spec=SPEC, backend="local", diagram=None)
     assert demo.run(args) == 0
