@@ -49,9 +49,8 @@ def ensure_cluster(
             binaries.build_all(progress)
         backend.up(progress)
         (cluster_dir(spec.name) / "backend").write_text(name)
-    if name == "local":
-        for addon in addons:
-            backend.ensure_addon(addon, progress)  # type: ignore[attr-defined]
+    for addon in addons:
+        backend.ensure_addon(addon, progress)
     return api_client(cluster_dir(spec.name) / "kubeconfig"), spec
 
 

@@ -25,6 +25,8 @@ class Backend(Protocol):
 
     def running(self) -> bool: ...
 
+    def ensure_addon(self, name: str, progress: Progress) -> None: ...
+
 
 def docker_available() -> bool:
     """True when a Docker engine answers (`docker info`), not merely a client installed."""

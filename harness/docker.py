@@ -6,7 +6,9 @@ Written to kind's and k3d's documentation; they cannot run where this lab is dev
 API server. On a laptop with Docker:
 
     kind: docker build → kind create cluster --config kind-config.yaml → kind load
-          docker-image → serving-cert Secrets + caBundles → apply manifests/ → wait
+          docker-image → apply manifests/base and device-plugin → wait for nodes;
+          a chapter's demo then applies its manifests/<chapter>/ (ensure_addon), each
+          webhook Service with a serving-cert Secret and caBundle from the harness's CA
     k3d:  docker build → k3d cluster create --config <rendered> → k3d kubeconfig write
           → k3d image import → apply manifests/ → wait for nodes
 
@@ -227,19 +229,32 @@ class DockerCluster:
         for argv in self.commands_up():
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
+        pki.create_ca(self.pki_dir())
+        self._apply(["base", "device-plugin"], progress)
+        self._wait_nodes(progress)
+
+    def ensure_addon(self, name: str, progress: Progress) -> None:
+        """Deploy a chapter's components (manifests/<name>/) on the running cluster."""
+        if name == "device-plugin":
+            return  # the DaemonSet is part of `up`
+        if name == "hami":
+            # HAMi needs the device plugin in HAMi mode on its nodes; the DaemonSet here
+            # runs the NVIDIA mode, so the chapter has its own local cluster (--spec hami)
+            raise HarnessError(
+                "the HAMi chapter runs on the local backend (`--backend local --spec hami`)"
+            )
+        self._apply([name], progress)
+
+    def _apply(self, dirs: list[str], progress: Progress) -> None:
+        """Apply manifests/<dir>/ with serving-cert Secrets and caBundles from our CA."""
         from gpulab.kube import api_client
         from harness.apply import MANIFESTS, ServiceTransform, apply, load_documents
 
-        ca = pki.create_ca(self.pki_dir())
-        secrets = serving_secrets(ca, self.pki_dir(), load_documents([MANIFESTS]))
-        apply(
-            api_client(self.kubeconfig),
-            [MANIFESTS],
-            progress,
-            ServiceTransform(ca.cert.read_bytes()),
-            extra=secrets,
-        )
-        self._wait_nodes(progress)
+        ca = pki.KeyPair(self.pki_dir() / "ca.crt", self.pki_dir() / "ca.key")
+        paths = [MANIFESTS / d for d in dirs]
+        secrets = serving_secrets(ca, self.pki_dir(), load_documents(paths))
+        transform = ServiceTransform(ca.cert.read_bytes())
+        apply(api_client(self.kubeconfig), paths, progress, transform, extra=secrets)
 
     def pki_dir(self) -> Path:
         path = self.dir / "pki"

@@ -90,3 +90,10 @@ def test_missing_tool_is_one_clear_line(state: Path) -> None:
     cluster = DockerCluster("kind", load("default"), runner=lambda _a: None)
     with pytest.raises(HarnessError, match=r"`kind` is not on PATH.*--backend local"):
         cluster.check_tools(which=lambda tool: None if tool == "kind" else "/usr/bin/docker")
+
+
+def test_hami_on_kind_points_to_the_local_backend(state: Path) -> None:
+    cluster = DockerCluster("kind", load("default"), runner=lambda _a: None)
+    with pytest.raises(HarnessError, match=r"HAMi chapter runs on the local backend"):
+        cluster.ensure_addon("hami", lambda _m: None)
+    cluster.ensure_addon("device-plugin", lambda _m: None)  # deployed by `up`: no-op
