@@ -51,7 +51,7 @@ demo-cluster: setup
 	@$(GPULAB) demo cluster
 
 demo-hami: setup
-	@$(GPULAB) demo hami --spec hami
+	@$(GPULAB) demo hami --backend local --spec hami
 
 demo-device-plugin: setup
 	@$(GPULAB) demo device-plugin
