@@ -11,8 +11,10 @@ COPY harness harness
 COPY demos demos
 COPY fake-gpu fake-gpu
 COPY manifests manifests
+# the gRPC stubs are generated into the image; `nvidia-smi` is the shim's (no real driver)
 RUN make -C fake-gpu && pip install --no-cache-dir -e . \
- && python -c "import gpulab.deviceplugin.api"  # generate the gRPC stubs into the image
+ && python -c "import gpulab.deviceplugin.api" \
+ && ln -s "$(command -v fake-nvidia-smi)" /usr/local/bin/nvidia-smi
 # pynvml loads libnvidia-ml.so.1 from the library path: the shim stands in for the driver
 ENV LD_LIBRARY_PATH=/opt/gpulab/fake-gpu/build
 ENTRYPOINT ["gpulab"]
