@@ -286,12 +286,16 @@ def _build_with_progress(
     compiled = 0
     tail: list[str] = []
     started = time.monotonic()
-    last_report = 0.0
+    last_report = started
     stop = threading.Event()
 
     def heartbeat() -> None:  # keep CI logs alive while the linker runs silently
-        while not stop.wait(15):
-            progress(f"{comp.name}: still building ({time.monotonic() - started:.0f}s)")
+        beat = started
+        while not stop.wait(5):
+            now = time.monotonic()
+            if now - max(last_report, beat) > 15:
+                beat = now
+                progress(f"{comp.name}: still building ({now - started:.0f}s)")
 
     beat = threading.Thread(target=heartbeat, daemon=True)
     beat.start()

@@ -16,7 +16,7 @@ from harness.spec import ClusterSpec
 from harness.spec import load as load_spec
 from harness.state import cluster_dir
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def progress(message: str) -> None:
