@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from typing import Protocol
@@ -40,6 +41,12 @@ def docker_available() -> bool:
 
 
 def default_backend() -> str:
+    """$GPULAB_BACKEND if set, else kind where a Docker engine answers, else local."""
+    chosen = os.environ.get("GPULAB_BACKEND")
+    if chosen:
+        if chosen not in BACKENDS:
+            raise HarnessError(f"GPULAB_BACKEND={chosen!r}: use one of {', '.join(BACKENDS)}")
+        return chosen
     return "kind" if docker_available() else "local"
 
 

@@ -97,3 +97,16 @@ def test_hami_on_kind_points_to_the_local_backend(state: Path) -> None:
     with pytest.raises(HarnessError, match=r"HAMi chapter runs on the local backend"):
         cluster.ensure_addon("hami", lambda _m: None)
     cluster.ensure_addon("device-plugin", lambda _m: None)  # deployed by `up`: no-op
+
+
+def test_gpulab_backend_overrides_the_docker_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import backends
+
+    monkeypatch.setattr(backends, "docker_available", lambda: True)
+    monkeypatch.setenv("GPULAB_BACKEND", "local")
+    assert backends.default_backend() == "local"
+    monkeypatch.delenv("GPULAB_BACKEND")
+    assert backends.default_backend() == "kind"
+    monkeypatch.setenv("GPULAB_BACKEND", "minikube")
+    with pytest.raises(HarnessError, match="GPULAB_BACKEND='minikube'"):
+        backends.default_backend()
