@@ -11,7 +11,6 @@ for every v1beta1 request.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.addons.device_plugin import GPULAB
@@ -27,19 +26,15 @@ Progress = Callable[[str], None]
 NAME = "kueue-controller"
 SERVICE = "kueue-webhook-service"  # the Service both webhooks name in manifests/kueue
 CERT_STEM = "kueue-webhook"
-
-
-def manifest_paths() -> list[Path]:
-    """``manifests/kueue`` minus ``samples/`` (those are for the reader to apply)."""
-    root = MANIFESTS / "kueue"
-    return [p for p in sorted(root.iterdir()) if p.name != "samples" and p.suffix != ".md"]
+# load_documents leaves samples/ out: those are for the reader to apply
+MANIFEST_DIR = MANIFESTS / "kueue"
 
 
 def start(cluster: LocalCluster, progress: Progress) -> None:
     cluster.issue_serving_cert(CERT_STEM, SERVICE)
     port = free_port()
     start_controller(cluster, port)
-    apply(cluster.api(), manifest_paths(), progress, cluster.apply_transform())
+    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform())
     progress(f"kueue: controller on 127.0.0.1:{port}, CRDs and Job webhook registered")
 
 

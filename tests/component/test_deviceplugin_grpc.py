@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from demos.common import wait_for
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
 from gpulab.fakegpu.nvml import shim_env
 from gpulab.fakegpu.paths import SHIM_LIB
@@ -98,22 +99,6 @@ class Watcher:
 
 
 @pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    return tmp_path / "fake-gpu"
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    # unix socket paths are limited to ~107 bytes: keep this one short.
-    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"dp-{os.getpid()}-{time.monotonic_ns()}"
-    d.mkdir()
-    yield d
-    for f in d.iterdir():
-        f.unlink()
-    d.rmdir()
-
-
-@pytest.fixture
 def run_plugin(
     state_dir: Path, socket_dir: Path, tmp_path: Path
 ) -> Iterator[Callable[..., Plugin]]:
@@ -167,15 +152,6 @@ def uuids(n: int) -> list[str]:
     return [gpu_uuid(NODE, i) for i in range(n)]
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 # ---------------------------------------------------------------- registration
 
 
@@ -192,7 +168,7 @@ def test_register_sends_the_fields_kubelet_checks(kubelet: FakeKubelet, run_plug
 def test_registration_retries_until_kubelet_appears(socket_dir: Path, run_plugin) -> None:
     plugin = run_plugin()
     # No kubelet.sock: the plugin must keep running and keep trying.
-    wait_until(lambda: plugin.log.read_text().count("could not register") >= 2, 15, "retries")
+    wait_for(lambda: plugin.log.read_text().count("could not register") >= 2, 15, "retries")
     assert plugin.proc.poll() is None
     assert "kubelet socket" in plugin.log.read_text()
     late = FakeKubelet(socket_dir)
@@ -287,7 +263,7 @@ def test_fault_injected_before_start_is_reported_at_start(
     plugin = run_plugin()
     kubelet.next_request()
     watcher = plugin.watch()
-    wait_until(
+    wait_for(
         lambda: watcher.next(timeout=5)[gpu_uuid(NODE, 0)] == "Unhealthy", 10, "GPU 0 Unhealthy"
     )
     watcher.close()

@@ -14,7 +14,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
+from demos.common import wait_for
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
 from gpulab.fakegpu.nvml import shim_env
 from gpulab.fakegpu.paths import SHIM_LIB
@@ -121,31 +121,6 @@ def gpu_pod(uid: str, gpus: int, annotations: dict[str, str] | None = None) -> d
     }
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"na-{os.getpid()}-{time.monotonic_ns()}"
-    d.mkdir()
-    yield d
-    for f in d.iterdir():
-        f.unlink()
-    d.rmdir()
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    return tmp_path / "fake-gpu"
-
-
 def start_plugin(
     socket_dir: Path, state_dir: Path, log: Path, profile: str, *args: str
 ) -> subprocess.Popen[str]:
@@ -181,7 +156,7 @@ def agent(socket_dir: Path) -> Iterator[tuple[ManagerImpl, MemoryNodeAPI]]:
 
 def test_capacity_follows_list_and_watch_and_health(agent, plugin, state_dir: Path) -> None:
     _, api = agent
-    wait_until(lambda: api.allocatable.get(GPU) == "8", 15, "allocatable 8")
+    wait_for(lambda: api.allocatable.get(GPU) == "8", 15, "allocatable 8")
     assert api.capacity[GPU] == "8"
     cmd = [
         sys.executable,
@@ -195,33 +170,33 @@ def test_capacity_follows_list_and_watch_and_health(agent, plugin, state_dir: Pa
         str(state_dir),
     ]
     subprocess.run([*cmd, "--gpu", "5", "--xid", "79"], check=True, capture_output=True)
-    wait_until(lambda: api.allocatable.get(GPU) == "7", 3, "allocatable 7 after an Xid")
+    wait_for(lambda: api.allocatable.get(GPU) == "7", 3, "allocatable 7 after an Xid")
     assert api.capacity[GPU] == "8"  # kubelet keeps unhealthy devices in capacity
 
 
 def test_plugin_exit_makes_its_devices_unallocatable(agent, plugin) -> None:
     _, api = agent
-    wait_until(lambda: api.allocatable.get(GPU) == "8", 15, "allocatable 8")
+    wait_for(lambda: api.allocatable.get(GPU) == "8", 15, "allocatable 8")
     plugin.terminate()
-    wait_until(lambda: api.allocatable.get(GPU) == "0", 10, "allocatable 0")
+    wait_for(lambda: api.allocatable.get(GPU) == "0", 10, "allocatable 0")
     assert api.capacity[GPU] == "8"
 
 
 def test_agent_started_after_the_plugin_gets_it_registered(socket_dir: Path, plugin) -> None:
-    wait_until(lambda: (socket_dir / "nvidia-gpu.sock").exists(), 15, "plugin socket")
+    wait_for(lambda: (socket_dir / "nvidia-gpu.sock").exists(), 15, "plugin socket")
     api = MemoryNodeAPI()
     manager = start_agent(socket_dir, api)  # wipes the plugin socket, like kubelet
     try:
-        wait_until(lambda: api.allocatable.get(GPU) == "8", 15, "re-registration")
+        wait_for(lambda: api.allocatable.get(GPU) == "8", 15, "re-registration")
     finally:
         manager.Stop()
 
 
 def test_pods_get_disjoint_numa_aligned_devices_and_overflow_is_rejected(agent, plugin) -> None:
     _, api = agent
-    wait_until(lambda: api.allocatable.get(GPU) == "8", 15, "allocatable 8")
+    wait_for(lambda: api.allocatable.get(GPU) == "8", 15, "allocatable 8")
     api.add(gpu_pod("p1", 2))
-    first = wait_until(lambda: api.record("p1"), 10, "p1 allocation")
+    first = wait_for(lambda: api.record("p1"), 10, "p1 allocation")
     ids = first["devices"][GPU]
     assert len(ids) == 2 and len({NUMA[i] for i in ids}) == 1
     assert first["envs"]["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
@@ -231,11 +206,11 @@ def test_pods_get_disjoint_numa_aligned_devices_and_overflow_is_rejected(agent, 
         "permissions": "rw",
     } in first["deviceSpecs"]
     api.add(gpu_pod("p2", 4))
-    second = wait_until(lambda: api.record("p2"), 10, "p2 allocation")["devices"][GPU]
+    second = wait_for(lambda: api.record("p2"), 10, "p2 allocation")["devices"][GPU]
     assert not set(second) & set(ids)
     assert len({NUMA[i] for i in second}) == 1  # the untouched NUMA node
     api.add(gpu_pod("p3", 4))
-    status = wait_until(
+    status = wait_for(
         lambda: api.status("p3").get("phase") == "Failed" and api.status("p3"), 10, "p3 fail"
     )
     assert status["reason"] == "UnexpectedAdmissionError"
@@ -244,7 +219,7 @@ def test_pods_get_disjoint_numa_aligned_devices_and_overflow_is_rejected(agent, 
     # p1 finishes: its 2 GPUs plus the 2 left make room for 4
     api.delete("p1")
     api.add(gpu_pod("p4", 4))
-    fourth = wait_until(lambda: api.record("p4"), 10, "p4 allocation")["devices"][GPU]
+    fourth = wait_for(lambda: api.record("p4"), 10, "p4 allocation")["devices"][GPU]
     assert set(fourth) == set(NUMA) - set(second)
 
 
@@ -255,9 +230,9 @@ def test_restart_rebuilds_allocations_from_pod_annotations(socket_dir: Path, plu
     api.pods["old"]["status"]["phase"] = "Running"
     manager = start_agent(socket_dir, api)
     try:
-        wait_until(lambda: api.allocatable.get(GPU) == "8", 15, "allocatable 8")
+        wait_for(lambda: api.allocatable.get(GPU) == "8", 15, "allocatable 8")
         api.add(gpu_pod("new", 2))
-        got = wait_until(lambda: api.record("new"), 10, "new allocation")["devices"][GPU]
+        got = wait_for(lambda: api.record("new"), 10, "new allocation")["devices"][GPU]
         assert set(got) == {gpu_uuid(NODE, 6), gpu_uuid(NODE, 7)}
         assert api.record("old")["devices"][GPU] == taken  # not re-allocated
     finally:
@@ -290,7 +265,7 @@ def test_mig_mixed_node_gets_one_extended_resource_per_profile(
             "nvidia.com/mig-2g.20gb": "4",
             "nvidia.com/mig-3g.40gb": "4",
         }
-        wait_until(lambda: api.allocatable == expected, 15, "three MIG resources")
+        wait_for(lambda: api.allocatable == expected, 15, "three MIG resources")
         assert api.capacity == expected
         api.add(
             {
@@ -303,7 +278,7 @@ def test_mig_mixed_node_gets_one_extended_resource_per_profile(
                 },
             }
         )
-        got = wait_until(lambda: api.record("m1"), 10, "MIG allocation")
+        got = wait_for(lambda: api.record("m1"), 10, "MIG allocation")
         (mig,) = got["devices"]["nvidia.com/mig-3g.40gb"]
         assert mig.startswith("MIG-") and got["envs"]["NVIDIA_VISIBLE_DEVICES"] == mig
     finally:
