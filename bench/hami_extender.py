@@ -35,7 +35,6 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from demos import hami as demo
-from demos.common import wait_for
 from gpulab.deviceplugin.hami import HamiRegistrar, node_devices
 from gpulab.deviceplugin.rm import GPUInfo
 from gpulab.fakegpu import profiles
@@ -47,6 +46,7 @@ from gpulab.hami.scheduler import Scheduler, SchedulerConfig
 from gpulab.hami.score import NODE_POLICY_ANNOTATION, SPREAD
 from gpulab.hami.webhook import WebhookConfig
 from gpulab.trace import Tracer
+from gpulab.wait import wait_for
 from harness.local import LocalCluster
 from harness.spec import parse
 

@@ -25,8 +25,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from demos import kueue as demo
-from demos.common import wait_for
 from gpulab.kueue import api as kueue
+from gpulab.wait import wait_for
 from harness.local import LocalCluster
 from harness.spec import parse
 

@@ -23,8 +23,8 @@ from demos.common import (
     nodes_table,
     ok,
     say,
-    wait_for,
 )
+from gpulab.wait import wait_for
 
 NAMESPACE = "demo-cluster"
 IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"

@@ -9,24 +9,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
-from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from gpulab import trace
 from gpulab.kube import api_client
+from gpulab.state import cluster_dir
+from gpulab.wait import wait_for
 from harness.backends import default_backend, get_backend
 from harness.errors import HarnessError
 from harness.spec import ClusterSpec
 from harness.spec import load as load_spec
-from harness.state import cluster_dir
 
 console = Console(highlight=False, soft_wrap=True)
-T = TypeVar("T")
 
 
 class DemoFailed(HarnessError):
@@ -96,20 +95,6 @@ def _has_default_sa(core: client.CoreV1Api, ns: str) -> bool:
     except ApiException:
         return False
     return True
-
-
-def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` on timeout."""
-    retrying = Retrying(
-        stop=stop_after_delay(timeout),
-        wait=wait_fixed(interval),
-        retry=retry_if_result(lambda r: not r),
-        retry_error_callback=lambda _state: None,
-    )
-    result = retrying(check)
-    if not result:
-        raise DemoFailed(f"timed out after {timeout:.0f}s waiting for {what}")
-    return result
 
 
 @dataclass

@@ -26,9 +26,9 @@ from demos.common import (
     fresh_namespace,
     ok,
     say,
-    wait_for,
 )
 from gpulab.fakegpu import faults, profiles
+from gpulab.wait import wait_for
 from harness.addons.device_plugin import fake_gpu_root
 from harness.local import LocalCluster
 

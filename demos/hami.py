@@ -35,13 +35,13 @@ from demos.common import (
     fresh_namespace,
     ok,
     say,
-    wait_for,
 )
 from gpulab.hami import annotations as ha
 from gpulab.hami.commands import explain_rows
 from gpulab.hami.scheduler import FILTER_RESULT
 from gpulab.hami.score import BINPACK, GPU_POLICY_ANNOTATION, SPREAD
 from gpulab.nodeagent.policy import ANNOTATION_PREFIX
+from gpulab.wait import wait_for
 from harness.addons.hami import EXTENDER
 from harness.local import LocalCluster
 from harness.spec import ClusterSpec

@@ -32,12 +32,12 @@ from demos.common import (
     fresh_namespace,
     ok,
     say,
-    wait_for,
 )
 from gpulab import trace
 from gpulab.kueue import api as kueue
 from gpulab.kueue.model import condition
 from gpulab.kueue.workload import workload_name_for_job
+from gpulab.wait import wait_for
 
 TEAM_A, TEAM_B = "demo-kueue-a", "demo-kueue-b"  # the teams' namespaces
 CQ_A, CQ_B = "demo-kueue-team-a", "demo-kueue-team-b"

@@ -1,31 +1,22 @@
-"""`gpulab`: one entry point for the harness, every component and the demos.
+"""`gpulab`: one entry point for the components, the harness and the demos.
 
 Each subsystem contributes its subcommands through a module-level
-``add_commands(subparsers)``; the modules are listed in COMMAND_MODULES and imported
-lazily so `gpulab down` does not import gRPC.
+``add_commands(subparsers)``. The modules are named in ``pyproject.toml`` under
+``[project.entry-points."gpulab.commands"]``, not imported here, so the components
+(``gpulab``) never depend on the layers above them (``harness``, ``demos``), and each
+module is imported only to build the parser (`gpulab down` does not load gRPC).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 
-COMMAND_MODULES = [
-    "harness.commands",
-    "gpulab.trace_cli",
-    "demos.commands",
-    "gpulab.fakegpu.commands",
-    "gpulab.hami.commands",
-    "gpulab.kueue.commands",
-    "gpulab.deviceplugin.commands",
-    "gpulab.nodeagent.commands",
-]
+from gpulab.errors import UserError
 
-
-class CLIError(Exception):
-    """An error the user can fix: printed as one line, exit code 2."""
+COMMAND_GROUP = "gpulab.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_commands(sub)
+    found = sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name)
+    if not found:
+        raise SystemExit(
+            "gpulab: error: no commands are registered; install the project (make setup)"
+        )
+    for ep in found:
+        ep.load().add_commands(sub)
     return parser
 
 
@@ -52,19 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # one line for errors the user can act on
-        if _is_user_error(exc) and not args.verbose:
-            print(f"gpulab: error: {exc}", file=sys.stderr)
-            return 2
-        raise
-
-
-def _is_user_error(exc: Exception) -> bool:
-    from gpulab.fakegpu.profiles import ProfileError
-    from gpulab.kube import KubeconfigError
-    from harness.errors import HarnessError
-
-    return isinstance(exc, CLIError | HarnessError | ProfileError | KubeconfigError)
+    except UserError as exc:  # one line for errors the user can act on
+        if args.verbose:
+            raise
+        print(f"gpulab: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from kubernetes import client, config
 
+from gpulab.errors import UserError
 
-class KubeconfigError(RuntimeError):
+
+class KubeconfigError(UserError, RuntimeError):
     pass
 
 
@@ -16,7 +18,7 @@ def default_kubeconfig() -> Path | None:
     """$KUBECONFIG, else the running local-backend cluster's kubeconfig, else ~/.kube/config."""
     if os.environ.get("KUBECONFIG"):
         return Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
-    from harness.state import default_cluster_kubeconfig
+    from gpulab.state import default_cluster_kubeconfig
 
     local = default_cluster_kubeconfig()
     if local is not None and local.exists():

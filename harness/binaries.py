@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.state import cache_dir
 from harness.errors import HarnessError
-from harness.state import cache_dir
 
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from gpulab.state import cluster_dir
 from harness import binaries
 from harness.backends import BACKENDS, default_backend, get_backend
 from harness.errors import HarnessError
 from harness.spec import ClusterSpec
 from harness.spec import load as load_spec
-from harness.state import cluster_dir
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -30,10 +30,10 @@ from typing import Any
 import yaml
 
 from gpulab.fakegpu import profiles
+from gpulab.state import cluster_dir
 from harness import pki
 from harness.errors import HarnessError
 from harness.spec import ClusterSpec
-from harness.state import cluster_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "gpulab:dev"

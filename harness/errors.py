@@ -1,5 +1,7 @@
 """Errors the harness reports as one line: what is wrong and what to do."""
 
+from gpulab.errors import UserError
 
-class HarnessError(RuntimeError):
+
+class HarnessError(UserError, RuntimeError):
     pass

@@ -29,12 +29,12 @@ from typing import Any
 import httpx
 import yaml
 
+from gpulab.state import cluster_dir
 from harness import addons, binaries, pki
 from harness.apply import MANIFESTS, LocalTransform, apply
 from harness.errors import HarnessError
 from harness.ports import port_in_use
 from harness.spec import ClusterSpec, node_object
-from harness.state import cluster_dir
 
 Progress = Callable[[str], None]
 

@@ -23,6 +23,7 @@ replicas: 4, hami: true}``.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,10 @@ DEFAULT_PORTS = {
 }
 
 MIG_STRATEGIES = ("none", "single", "mixed")
+
+# Shifts every port of every spec: a second checkout on the same machine (with its own
+# $XDG_STATE_HOME) can then run the same specs beside the first.
+PORT_OFFSET_ENV = "GPULAB_PORT_OFFSET"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -74,6 +79,17 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     path: Path | None = None
     addons: tuple[str, ...] = ()
+
+
+def port_offset() -> int:
+    raw = os.environ.get(PORT_OFFSET_ENV, "0") or "0"
+    try:
+        offset = int(raw)
+    except ValueError:
+        raise HarnessError(f"${PORT_OFFSET_ENV}={raw!r} must be an integer") from None
+    if not 0 <= offset <= 10000:
+        raise HarnessError(f"${PORT_OFFSET_ENV}={offset} must be in 0..10000")
+    return offset
 
 
 def available() -> list[str]:
@@ -114,6 +130,11 @@ def parse(data: Any, path: Path | None = None) -> ClusterSpec:
         ports[key] = value
     if len(set(ports.values())) != len(ports):
         raise HarnessError(f"ports must all differ, got {ports}")
+    offset = port_offset()
+    if offset:
+        ports = {k: v + offset for k, v in ports.items()}
+        if max(ports.values()) > 65535:
+            raise HarnessError(f"${PORT_OFFSET_ENV}={offset} moves ports past 65535: {ports}")
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise HarnessError("'nodes' must be a non-empty list")

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 from kubernetes import client
 
-from gpulab.cli import CLIError
 from gpulab.deviceplugin.rm import MIG_STRATEGIES, ResourceError
+from gpulab.errors import CLIError
 from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
 from gpulab.kube import api_client, in_pod
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from gpulab.fakegpu.profiles import ProfileError
-from harness.state import DEFAULT_CLUSTER, cluster_dir
+from gpulab.state import DEFAULT_CLUSTER, cluster_dir
 
 SHIM_DIR = Path(__file__).resolve().parents[2] / "fake-gpu"
 SHIM_BUILD_DIR = SHIM_DIR / "build"

@@ -29,13 +29,15 @@ from typing import Any
 
 import yaml
 
+from gpulab.errors import UserError
+
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "fake-gpu" / "profiles"
 
 # Namespace for uuid5 so a GPU's UUID depends only on (node, index).
 _UUID_NAMESPACE = uuid.UUID("6f1c1b7e-3d6a-4c59-9a55-2f0b8e6f4a10")
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError, ValueError):
     """A profile is missing or malformed; the message names the file and the fix."""
 
 

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from gpulab.cli import CLIError
+from gpulab.errors import CLIError
 from gpulab.hami import score
 from gpulab.hami.device import Defaults
 from gpulab.hami.nodelock import DEFAULT_TIMEOUT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpulab.cli import CLIError
+from gpulab.errors import CLIError
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -16,7 +16,7 @@ import signal
 import threading
 from pathlib import Path
 
-from gpulab.cli import CLIError
+from gpulab.errors import CLIError
 from gpulab.kube import api_client
 from gpulab.trace import Tracer
 

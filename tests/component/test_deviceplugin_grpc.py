@@ -21,11 +21,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from demos.common import wait_for
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
 from gpulab.fakegpu.nvml import shim_env
 from gpulab.fakegpu.paths import SHIM_LIB
 from gpulab.fakegpu.profiles import gpu_uuid, load
+from gpulab.wait import wait_for
 
 pytestmark = pytest.mark.skipif(
     not SHIM_LIB.exists(), reason="NVML shim not built (make -C fake-gpu)"

@@ -52,7 +52,7 @@ def running_cluster(spec_name: str) -> Iterator[Cluster]:
 def fresh_namespace(api: client.ApiClient, prefix: str) -> Iterator[str]:
     """A new namespace whose default ServiceAccount exists (pods are admitted); its pods
     are gone (their devices free) before the next test starts."""
-    from demos.common import wait_for
+    from gpulab.wait import wait_for
 
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     core = client.CoreV1Api(api)

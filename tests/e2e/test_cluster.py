@@ -10,9 +10,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from demos.cluster import gpu_job, gpu_pod_spec
-from demos.common import wait_for
 from gpulab.fakegpu import profiles
 from gpulab.trace import ObjectRef, Tracer, follow
+from gpulab.wait import wait_for
 from harness.apply import LocalTransform, apply
 from harness.errors import HarnessError
 

@@ -12,8 +12,8 @@ import json
 from kubernetes import client
 
 from demos.cluster import gpu_pod_spec
-from demos.common import wait_for
 from gpulab.fakegpu import faults, profiles
+from gpulab.wait import wait_for
 from harness.addons.device_plugin import fake_gpu_root
 
 

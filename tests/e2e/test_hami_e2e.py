@@ -22,10 +22,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from demos import hami as demo
-from demos.common import wait_for
 from gpulab.fakegpu.profiles import gpu_uuid
 from gpulab.hami import annotations as ha
 from gpulab.hami.score import BINPACK, SPREAD
+from gpulab.wait import wait_for
 from harness.addons.hami import EXTENDER, start_extender
 from harness.local import pid_alive
 

@@ -22,10 +22,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from demos import kueue as demo
-from demos.common import wait_for
 from gpulab.kueue import api as kueue
 from gpulab.kueue.model import condition
 from gpulab.kueue.workload import is_finished
+from gpulab.wait import wait_for
 from harness import binaries
 from harness.addons import kueue as addon
 from harness.apply import apply, load_documents

@@ -57,3 +57,14 @@ def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
         load(bad)
     with pytest.raises(HarnessError, match="no cluster spec 'nope'"):
         load("nope")
+
+
+def test_port_offset_shifts_every_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.spec import PORT_OFFSET_ENV
+
+    monkeypatch.setenv(PORT_OFFSET_ENV, "300")
+    spec = parse({"name": "x", "nodes": [{"name": "n"}]})
+    assert spec.ports == {k: v + 300 for k, v in DEFAULT_PORTS.items()}
+    monkeypatch.setenv(PORT_OFFSET_ENV, "lots")
+    with pytest.raises(HarnessError, match="must be an integer"):
+        parse({"name": "x", "nodes": [{"name": "n"}]})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from demos.common import wait_for
+from gpulab.wait import wait_for
 from harness.addons import kueue as addon
 from harness.errors import HarnessError
 from harness.local import LocalCluster, pid_alive
