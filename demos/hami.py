@@ -38,7 +38,7 @@ from demos.common import (
 )
 from gpulab.hami import annotations as ha
 from gpulab.hami.commands import explain_rows
-from gpulab.hami.scheduler import FILTER_RESULT
+from gpulab.hami.filter import FILTER_RESULT
 from gpulab.hami.score import BINPACK, GPU_POLICY_ANNOTATION, SPREAD
 from gpulab.nodeagent.policy import ANNOTATION_PREFIX
 from gpulab.wait import wait_for

@@ -1,22 +1,38 @@
-"""HAMi mode of the device plugin: node registration annotations and annotation-driven Allocate.
+"""HAMi mode of the device plugin: node registration, Allocate from the pod's annotations,
+and releasing the node lock once the pod is allocated.
 
-Mirrors HAMi ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go``
-(``getAPIDevices``, ``RegisterInAnnotation``, ``WatchAndRegister``: every 30 s) and the
-Allocate path of ``plugin/server.go`` + ``plugin/util.go`` (``GetPendingPod``,
-``popNextContainerDevices``, ``patchErasedAnnotation``, ``PodAllocationTrySuccess``,
-``PodAllocationFailed``). Encoding lives in the shared :mod:`gpulab.hami.annotations`.
+Mirrors Project-HAMi/HAMi v2.10.0 ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/``:
+- ``register.go``: ``getAPIDevices`` (one ``DeviceInfo`` per GPU, mode ``hami-core``),
+  ``RegisterInAnnotation`` (patches ``hami.io/node-nvidia-register`` only when the encoded
+  list changed, plus ``hami.io/node-nvidia-score`` when ``ENABLE_TOPOLOGY_SCORE=true``) and
+  ``WatchAndRegister`` (every 30 s, 5 s after an error). v2.10 writes no handshake: the
+  scheduler judges health from ``nvidia.com/gpu`` allocatable;
+- ``server.go`` ``Allocate`` / ``GetPreferredAllocation`` and ``util.go``
+  (``GetPendingPod`` via ``GetAllocatePodByNode`` — the pod named by the node lock first —,
+  ``popNextContainerDevices``, ``patchErasedAnnotation``, ``PodAllocationTrySuccess``,
+  ``PodAllocationFailed``): the devices a container gets are the next non-empty slot of
+  ``hami.io/vgpu-devices-to-allocate`` (init containers first); when no slot is left the pod
+  is marked ``hami.io/bind-phase: success`` and ``hami.io/mutex.lock`` is released
+  (``nodelock.ReleaseNodeLock``, shared with the extender); a failure marks it ``failed``
+  and releases the lock too.
+
+Differences, named: a health change re-registers at once (upstream waits for its next 30 s
+pass); the pair scores come from the NUMA node and NVLink peers the plugin already read
+through NVML (what ``GetTopologyCommonAncestor`` / NVLink remote PCI info give on the shim)
+instead of querying NVML again; the fallback pod search also accepts a pod kwok already
+marked Running (kubelet would still hold it Pending); the hami-core library mounts and cache
+envs are not set (there is no hami-core in the lab).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from gpulab.deviceplugin.allocate import (
     CONTROL_DEVICES,
@@ -27,11 +43,20 @@ from gpulab.deviceplugin.allocate import (
 )
 from gpulab.deviceplugin.rm import Device, GPUInfo
 from gpulab.hami import annotations as ha
+from gpulab.hami import nodelock
+from gpulab.hami.cluster import Cluster, ClusterError, KubeCluster
 from gpulab.trace import ObjectRef, Tracer
 
 _log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL = 30.0
+ERROR_INTERVAL = 5.0
+TOPOLOGY_ENV = "ENABLE_TOPOLOGY_SCORE"
+# links.go / calculate_score.go: NVML_TOPOLOGY_NODE (same CPU) 20, SYSTEM (cross CPU) 10,
+# one NVLink 100.
+SAME_CPU, CROSS_CPU, NVLINK = 20, 10, 100
+
+Obj = dict[str, Any]
 
 
 # ---------------------------------------------------------------- pure
@@ -57,43 +82,62 @@ def node_devices(
     ]
 
 
-def pending_pod(pods: Sequence[Mapping[str, Any]], node: str) -> Mapping[str, Any] | None:
-    """The pod HAMi bound here whose devices are still to be allocated (oldest first)."""
-
-    def waiting(pod: Mapping[str, Any]) -> bool:
-        annos = pod.get("metadata", {}).get("annotations") or {}
-        # Not only Pending: on kwok nodes the pod-ready Stage marks a bound pod Running
-        # before kubelet's device manager (the node agent) calls Allocate.
-        if pod.get("status", {}).get("phase", "Pending") in ("Succeeded", "Failed"):
-            return False
-        if annos.get(ha.ASSIGNED_NODE) != node or ha.BIND_TIME not in annos:
-            return False
-        phase = annos.get(ha.BIND_PHASE)
-        # "success" too: a multi-container pod whose first containers are done.
-        left = any(ha.decode_pod_devices(annos.get(ha.DEVICES_TO_ALLOCATE, "")))
-        return phase == ha.BIND_ALLOCATING or (phase == ha.BIND_SUCCESS and left)
-
-    candidates = [p for p in pods if waiting(p)]
-    candidates.sort(key=lambda p: int(p["metadata"]["annotations"][ha.BIND_TIME] or 0))
-    return candidates[0] if candidates else None
+def pair_scores(gpus: Sequence[GPUInfo]) -> dict[str, dict[str, int]]:
+    """``calculateGPUScore``: per GPU pair, the PCIe path (same / other NUMA node) plus
+    100 per NVLink between them."""
+    scores: dict[str, dict[str, int]] = {}
+    for a in gpus:
+        row = {}
+        for b in gpus:
+            if a.index == b.index:
+                continue
+            path = SAME_CPU if a.numa_node == b.numa_node else CROSS_CPU
+            row[b.uuid] = path + NVLINK * a.nvlink_peers.count(b.index)
+        scores[a.uuid] = row
+    return scores
 
 
-def pop_next(pod_devices: list[list[ha.ContainerDevice]]) -> list[ha.ContainerDevice]:
-    """Take (and erase) the first container's devices still to allocate."""
+def _annos(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return (pod.get("metadata") or {}).get("annotations") or {}
+
+
+def waiting_pod(pods: Sequence[Mapping[str, Any]], node: str) -> Mapping[str, Any] | None:
+    """``GetPendingPod``'s fallback: a pod on ``node`` with a bind time and phase
+    allocating or success (a multi-container pod part-way through)."""
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase", "Pending") in ("Succeeded", "Failed"):
+            continue
+        annos = _annos(pod)
+        if ha.BIND_TIME not in annos:
+            continue
+        if annos.get(ha.BIND_PHASE) not in (ha.BIND_ALLOCATING, ha.BIND_SUCCESS):
+            continue
+        if annos.get(ha.ASSIGNED_NODE) == node:
+            return pod
+    return None
+
+
+def pop_next(
+    pod_devices: list[list[ha.ContainerDevice]], n_init: int, n_app: int
+) -> tuple[int, list[ha.ContainerDevice]]:
+    """``popNextContainerDevices``: erase and return the first non-empty slot (its index:
+    init containers first, then app containers)."""
     for i, devs in enumerate(pod_devices):
         if devs:
             pod_devices[i] = []
-            return devs
-    raise AllocationError("no pending HAMi device allocation left on the pod")
+            if i >= n_init + n_app:
+                raise AllocationError(
+                    f"container index {i} out of range (init={n_init}, regular={n_app})"
+                )
+            return i, devs
+    raise AllocationError("no pending device allocation found")
 
 
 def align_replicas(
     ctr: Sequence[ha.ContainerDevice], available: Sequence[str], devices: Mapping[str, Device]
 ) -> list[str] | None:
-    """One available device ID per GPU HAMi assigned, so kubelet's accounting matches HAMi's.
-
-    None when the available IDs cannot cover the assignment (kubelet then picks by topology).
-    """
+    """``selectPreferredDeviceIDsFromAnnotatedDevices``: one available replica ID per GPU
+    HAMi assigned, so kubelet's accounting matches HAMi's; None when they cannot cover it."""
     chosen: list[str] = []
     for d in ctr:
         match = next((i for i in available if devices[i].uuid == d.uuid and i not in chosen), None)
@@ -122,7 +166,7 @@ def hami_allocation(
 
 
 class HamiRegistrar(threading.Thread):
-    """Writes ``hami.io/node-nvidia-register`` + the handshake every 30 s and on health changes."""
+    """``WatchAndRegister``: the registration annotation every 30 s when it changed."""
 
     def __init__(
         self,
@@ -132,9 +176,10 @@ class HamiRegistrar(threading.Thread):
         healthy: Callable[[str], bool],
         split_count: int,
         tracer: Tracer,
+        cluster: Cluster | None = None,
     ) -> None:
         super().__init__(name="hami-register", daemon=True)
-        self._core = client.CoreV1Api(api)
+        self._cluster = cluster or KubeCluster(api)
         self._node = node
         self._gpus = gpus
         self._healthy = healthy
@@ -142,9 +187,11 @@ class HamiRegistrar(threading.Thread):
         self._tracer = tracer
         self._poke = threading.Event()
         self._stop_event = threading.Event()
-        self._last = ""
+        self._cache = ""  # plugin.deviceCache
+        self._topology = os.environ.get(TOPOLOGY_ENV) == "true"
 
     def poke(self) -> None:
+        """A device's health changed: register now (lab; upstream waits for its pass)."""
         self._poke.set()
 
     def stop(self) -> None:
@@ -153,47 +200,63 @@ class HamiRegistrar(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            ok = self.RegisterInAnnotation()
-            self._poke.wait(REGISTER_INTERVAL if ok else 5.0)
+            ok = self.RegisterInAnnotation() is not None
+            self._poke.wait(REGISTER_INTERVAL if ok else ERROR_INTERVAL)
             self._poke.clear()
 
-    def RegisterInAnnotation(self) -> bool:
+    def RegisterInAnnotation(self) -> bool | None:
+        """True: patched; False: unchanged, nothing written; None: the patch failed."""
         encoded = ha.encode_node_devices(node_devices(self._gpus, self._healthy, self._split))
-        annos = {
-            ha.NODE_REGISTER: encoded,
-            ha.NODE_HANDSHAKE: ha.handshake_reported(dt.datetime.now(dt.UTC)),
-        }
-        try:
-            self._core.patch_node(self._node, {"metadata": {"annotations": annos}})
-        except ApiException as exc:
-            _log.warning(
-                "HAMi registration on node %s failed: %s %s", self._node, exc.status, exc.reason
-            )
+        if encoded == self._cache:
             return False
-        if encoded != self._last:
-            self._last = encoded
-            self._tracer.step(
-                "RegisterInAnnotation",
-                ObjectRef(kind="Node", name=self._node),
-                f"{ha.NODE_REGISTER}: {len(self._gpus)} GPU(s)",
-                annotation=encoded,
-            )
+        annos: dict[str, str | None] = {ha.NODE_REGISTER: encoded}
+        if self._topology:
+            annos[ha.NODE_PAIR_SCORE] = ha.encode_pair_scores(pair_scores(self._gpus))
+        try:
+            self._cluster.patch_node_annotations(self._node, annos)
+        except ClusterError as exc:
+            _log.warning("HAMi registration on node %s failed: %s", self._node, exc)
+            return None
+        self._cache = encoded
+        self._tracer.step(
+            "RegisterInAnnotation",
+            ObjectRef(kind="Node", name=self._node),
+            f"{ha.NODE_REGISTER}: {len(self._gpus)} GPU(s)",
+            annotation=encoded,
+        )
         return True
 
 
 class HamiAllocator:
-    """Allocate from the pod annotations HAMi's scheduler wrote (the requested IDs are opaque)."""
+    """Allocate from the pod annotations HAMi's scheduler wrote (the requested IDs are
+    opaque replicas); releases the node lock when the pod is done."""
 
-    def __init__(self, core: client.CoreV1Api, node: str, tracer: Tracer) -> None:
-        self._core = core
+    def __init__(
+        self, core: client.CoreV1Api, node: str, tracer: Tracer, cluster: Cluster | None = None
+    ) -> None:
+        self._cluster = cluster or KubeCluster(core.api_client)
         self._node = node
         self._tracer = tracer
+        # kubelet may call Allocate concurrently; the pending-pod protocol is node-global
+        self._apply = threading.Lock()
 
-    def _pending(self) -> Mapping[str, Any] | None:
-        pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self._node}")
-        return pending_pod(
-            [self._core.api_client.sanitize_for_serialization(p) for p in pods.items], self._node
-        )
+    def pending_pod(self) -> Obj:
+        """``GetPendingPod``: the pod the node lock names, else a waiting pod on the node.
+
+        AllocationError when there is none; a lock that does not parse is an error too."""
+        node = self._cluster.get_node(self._node)
+        value = _annos(node).get(ha.NODE_LOCK)
+        if value is not None:
+            try:
+                _, ns, name = ha.parse_node_lock(value)
+            except ha.AnnotationError as exc:
+                raise AllocationError(str(exc)) from exc
+            if ns and name:
+                return self._cluster.get_pod(ns, name)
+        pod = waiting_pod(self._cluster.list_pods_on_node(self._node), self._node)
+        if pod is None:
+            raise AllocationError(f"no binding pod found on node {self._node}")
+        return dict(pod)
 
     def prefer(
         self,
@@ -202,86 +265,97 @@ class HamiAllocator:
         size: int,
         devices: Mapping[str, Device],
     ) -> list[str] | None:
-        """HAMi's ``alignContainerDevicesWithAllocatedIDs``, done where kubelet asks first."""
-        pod = None if must_include else self._pending()
-        if pod is None:
+        """``GetPreferredAllocation``: the replicas of the GPUs HAMi assigned to the next
+        container; None to let the plugin prefer by topology."""
+        if must_include:
             return None
-        annos = pod["metadata"].get("annotations") or {}
         try:
-            pending = [c for c in ha.decode_pod_devices(annos.get(ha.DEVICES_TO_ALLOCATE, "")) if c]
-        except ha.AnnotationError:
+            pod = self.pending_pod()
+            slots = ha.decode_pod_devices(_annos(pod).get(ha.DEVICES_TO_ALLOCATE, ""))
+        except (AllocationError, ClusterError, ha.AnnotationError):
             return None
-        if not pending or len(pending[0]) != size:
+        pending = [c for c in slots if c]
+        if not pending or len(pending[0]) < size:
             return None
-        return align_replicas(pending[0], [i for i in available if i in devices], devices)
+        return align_replicas(pending[0][:size], [i for i in available if i in devices], devices)
 
     def allocate(
         self, requests: Sequence[Sequence[str]], devices: Mapping[str, Device]
     ) -> list[ContainerAllocation]:
-        pod = self._pending()
-        if pod is None:
-            raise AllocationError(
-                f"no pod on {self._node} with {ha.BIND_PHASE}={ha.BIND_ALLOCATING}"
-            )
+        with self._apply:
+            try:
+                pod = self.pending_pod()
+            except ClusterError as exc:
+                raise AllocationError(str(exc)) from exc
+            return self._allocate(pod, requests, devices)
+
+    def _allocate(
+        self, pod: Obj, requests: Sequence[Sequence[str]], devices: Mapping[str, Device]
+    ) -> list[ContainerAllocation]:
         meta = pod["metadata"]
-        annos = meta.get("annotations") or {}
+        ref = ObjectRef("Pod", meta["name"], meta["namespace"], meta.get("uid"))
+        annos = _annos(pod)
+        spec = pod.get("spec") or {}
+        n_init, n_app = len(spec.get("initContainers") or []), len(spec.get("containers") or [])
         paths: dict[str, tuple[str, ...]] = {d.uuid: d.paths for d in devices.values()}
+        result = []
         try:
-            pod_devices = ha.decode_pod_devices(annos.get(ha.DEVICES_TO_ALLOCATE, ""))
-            result = []
+            if ha.DEVICES_TO_ALLOCATE not in annos:
+                raise AllocationError("device request not found")
+            slots = ha.decode_pod_devices(annos[ha.DEVICES_TO_ALLOCATE])
             for ids in requests:
-                ctr = pop_next(pod_devices)
+                _, ctr = pop_next(slots, n_init, n_app)
                 if len(ctr) != len(ids):
-                    raise AllocationError(
-                        f"device number not matched: kubelet asked for {len(ids)}, "
-                        f"HAMi assigned {len(ctr)}"
-                    )
+                    raise AllocationError("device number not matched")
                 result.append(hami_allocation(ctr, paths))
-        except (AllocationError, ha.AnnotationError) as exc:
-            self._finish(meta, {ha.BIND_PHASE: ha.BIND_FAILED})
+            self._cluster.patch_pod_annotations(
+                meta["namespace"],
+                meta["name"],
+                {ha.DEVICES_TO_ALLOCATE: ha.encode_pod_devices(slots)},
+            )
+        except (AllocationError, ha.AnnotationError, ClusterError) as exc:
+            self._finish(ref, ha.BIND_FAILED)
             raise AllocationError(f"pod {meta['namespace']}/{meta['name']}: {exc}") from exc
-        patch = {ha.DEVICES_TO_ALLOCATE: ha.encode_pod_devices(pod_devices)}
-        if ha.DEVICES_ALLOCATED not in annos:
-            # HAMi's scheduler writes it at bind; record the whole assignment before the
-            # first container's entry is erased if it did not.
-            patch[ha.DEVICES_ALLOCATED] = annos.get(ha.DEVICES_TO_ALLOCATE, "")
-        if not any(pod_devices):
-            patch[ha.BIND_PHASE] = ha.BIND_SUCCESS
-        self._finish(meta, patch)
         self._tracer.step(
             "Allocate",
-            ObjectRef("Pod", meta["name"], meta["namespace"], meta.get("uid")),
+            ref,
             f"HAMi devices {', '.join(a.envs[VISIBLE_DEVICES_ENV] for a in result)}",
             envs=[a.envs for a in result],
         )
+        self._try_success(ref)
         return result
 
-    def _finish(self, meta: Mapping[str, Any], annos: dict[str, str]) -> None:
-        self._core.patch_namespaced_pod(
-            meta["name"], meta["namespace"], {"metadata": {"annotations": annos}}
-        )
-        if ha.BIND_PHASE in annos:
-            self._release_node_lock(meta)
+    def _try_success(self, ref: ObjectRef) -> None:
+        """``PodAllocationTrySuccess``: every container allocated → success + release."""
+        assert ref.namespace
+        try:
+            pod = self._cluster.get_pod(ref.namespace, ref.name)
+        except ClusterError as exc:
+            _log.warning("Error getting pod %s: %s", ref, exc)
+            return
+        if ha.DEVICE_TYPE in _annos(pod).get(ha.DEVICES_TO_ALLOCATE, ""):
+            return  # containers left: the lock stays until the last one
+        self._finish(ref, ha.BIND_SUCCESS)
 
-    def _release_node_lock(self, meta: Mapping[str, Any]) -> None:
-        """HAMi's ``ReleaseNodeLock``: drop ``hami.io/mutex.lock`` if this pod holds it."""
-        node = self._core.read_node(self._node)
-        value = (node.metadata.annotations or {}).get(ha.NODE_LOCK)
-        if value is None:
-            return
+    def _finish(self, ref: ObjectRef, phase: str) -> None:
+        """``updatePodAnnotationsAndReleaseLock``: the bind phase, then ReleaseNodeLock."""
+        assert ref.namespace
         try:
-            _, ns, name = ha.parse_node_lock(value)
-        except ha.AnnotationError:
-            return
-        if (ns, name) != (meta["namespace"], meta["name"]):
-            return
-        patch = {
-            "metadata": {
-                "annotations": {ha.NODE_LOCK: None},
-                "resourceVersion": node.metadata.resource_version,
-            }
-        }
+            self._cluster.patch_pod_annotations(ref.namespace, ref.name, {ha.BIND_PHASE: phase})
+        except ClusterError as exc:
+            _log.warning("could not set %s on %s: %s", ha.BIND_PHASE, ref, exc)
         try:
-            self._core.patch_node(self._node, patch)
-        except ApiException as exc:
-            _log.warning("could not release %s on %s: %s", ha.NODE_LOCK, self._node, exc.reason)
+            released = nodelock.release_node_lock(
+                self._cluster, self._node, ref.namespace, ref.name
+            )
+        except ClusterError as exc:
+            _log.warning("could not release %s on %s: %s", ha.NODE_LOCK, self._node, exc)
+            return
+        if released:
+            self._tracer.step(
+                "ReleaseNodeLock",
+                ref,
+                f"{ha.NODE_LOCK} on {self._node} released after Allocate ({ha.BIND_PHASE}={phase})",
+                warning=phase == ha.BIND_FAILED,
+                node=self._node,
+            )

@@ -1,44 +1,54 @@
 """HAMi's node and pod annotations: keys, and encode/decode of their values.
 
-SHARED module: the device plugin (``gpulab.deviceplugin``, which writes the node
-registration and consumes the allocation) and the HAMi scheduler extender
-(``gpulab.hami``, which reads the registration and writes the allocation) both use it, so
-the two sides cannot drift apart. Pure: strings and datetimes in, dataclasses out.
+Mirrors Project-HAMi/HAMi v2.10.0 ``pkg/device/devices.go`` (``MarshalNodeDevices``,
+``UnMarshalNodeDevices``, ``EncodeContainerDevices``, ``EncodePodSingleDevice``,
+``DecodeContainerDevices``, ``DecodePodDevices``), ``pkg/util/types.go`` (the keys) and the
+lock format of ``pkg/util/nodelock/nodelock.go``.
 
-Formats, as HAMi writes them:
-- ``pkg/device/devices.go`` ``MarshalNodeDevices``: the node registration is a JSON list of
-  DeviceInfo ``{id, index, count, devmem, devcore, type, numa, mode, health}`` (HAMi's
-  ``omitempty`` drops zero values; we write every field, which HAMi decodes identically,
-  and read either);
-- ``EncodeContainerDevices`` / ``EncodePodSingleDevice``: ``UUID,NVIDIA,<memMiB>,<cores>:``
-  per device, ``;`` after each container (init containers first), so the string ends in ``;``;
-- the handshake (``pkg/device/devices.go`` ``CheckHealth`` and, before HAMi 2.7, the
-  device plugin's ``RegisterInAnnotation``): the scheduler writes
-  ``Requesting_<2006-01-02 15:04:05>``, the device plugin answers ``Reported <Go time>``;
-- ``pkg/util/nodelock``: ``hami.io/mutex.lock`` = ``<RFC3339>,<namespace>,<pod>``.
+SHARED module: the device plugin (``gpulab.deviceplugin.hami``, which writes the node
+registration and consumes the allocation) and the extender (``gpulab.hami``, which reads
+the registration and writes the allocation) both use it, so the two sides cannot drift
+apart. Pure: strings and datetimes in, dataclasses out.
+
+Formats, as v2.10.0 writes them:
+- ``hami.io/node-nvidia-register``: a JSON list of ``DeviceInfo`` in Go field order
+  ``{id, index, count, devmem, devcore, type, numa, mode, health}`` with ``omitempty``
+  (zero, false and "" are left out; v2.8 moved it from the ``id,count,...:`` string to JSON);
+- ``hami.io/node-nvidia-score``: ``[{uuid, score: {uuid: int}}]``, the NVLink/PCIe pair
+  scores the plugin writes for the ``topology-aware`` policy;
+- pod devices: ``UUID,NVIDIA,<memMiB>,<cores>:`` per device, ``;`` after each container,
+  one slot per container, init containers first; decoding keeps every ``;``-separated slot,
+  including the empty one after the last ``;`` (as ``strings.Split`` does);
+- ``hami.io/node-handshake``: only the scheduler writes it now (``Requesting_<time>``);
+  the v2.10 device plugin no longer answers ``Reported <time>``;
+- ``hami.io/mutex.lock``: ``<RFC3339>,<namespace>,<pod>``, or the legacy ``<RFC3339>``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 NODE_REGISTER = "hami.io/node-nvidia-register"
+NODE_PAIR_SCORE = "hami.io/node-nvidia-score"
 NODE_HANDSHAKE = "hami.io/node-handshake"
 NODE_LOCK = "hami.io/mutex.lock"
+DEVICE_CORDON = "hami.io/device-cordon"
 DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
 ASSIGNED_NODE = "hami.io/vgpu-node"
+ASSIGNED_TIME = "hami.io/vgpu-time"
 BIND_TIME = "hami.io/bind-time"
 BIND_PHASE = "hami.io/bind-phase"
 BIND_ALLOCATING = "allocating"
 BIND_SUCCESS = "success"
 BIND_FAILED = "failed"
 
-DEVICE_TYPE = "NVIDIA"  # the device-type word in container device entries
+DEVICE_TYPE = "NVIDIA"  # NvidiaGPUDevice: the device-type word in container device entries
 MODE_HAMI_CORE = "hami-core"
 DEFAULT_SPLIT_COUNT = 10
 DEFAULT_DEVCORE = 100
@@ -46,9 +56,12 @@ DEFAULT_DEVCORE = 100
 _DEVICE_SEP = ":"
 _CONTAINER_SEP = ";"
 _REQUESTING = "Requesting_"
-_REPORTED = "Reported "
-_REQUEST_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # Go time.DateTime
+_DATETIME = "%Y-%m-%d %H:%M:%S"  # Go time.DateTime
 _LOCK_SEP = ","
+# Go's time.RFC3339 as time.Parse accepts it (fractional seconds optional).
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$"
+)
 
 
 class AnnotationError(ValueError):
@@ -86,10 +99,26 @@ def device_type(nvml_name: str) -> str:
 
 
 def encode_node_devices(devices: Sequence[NodeDevice]) -> str:
-    return json.dumps([asdict(d) for d in devices], separators=(",", ":"))
+    """``MarshalNodeDevices``: Go field order, ``omitempty`` drops zero values."""
+    out = []
+    for d in devices:
+        fields = (
+            ("id", d.id),
+            ("index", d.index),
+            ("count", d.count),
+            ("devmem", d.devmem),
+            ("devcore", d.devcore),
+            ("type", d.type),
+            ("numa", d.numa),
+            ("mode", d.mode),
+            ("health", d.health),
+        )
+        out.append({k: v for k, v in fields if v})
+    return json.dumps(out, separators=(",", ":"))
 
 
 def decode_node_devices(value: str) -> list[NodeDevice]:
+    """``UnMarshalNodeDevices``; absent keys are Go zero values."""
     try:
         raw = json.loads(value)
     except json.JSONDecodeError as exc:
@@ -100,12 +129,11 @@ def decode_node_devices(value: str) -> list[NodeDevice]:
 
 
 def _node_device(item: Any) -> NodeDevice:
-    if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
-        raise AnnotationError(f"{NODE_REGISTER} entry needs a string 'id': {item!r}")
+    if not isinstance(item, dict) or not isinstance(item.get("id", ""), str):
+        raise AnnotationError(f"{NODE_REGISTER} entry must be an object with a string id: {item!r}")
     try:
-        # Absent keys are Go zero values (HAMi writes with omitempty).
         return NodeDevice(
-            id=item["id"],
+            id=item.get("id", ""),
             index=int(item.get("index", 0)),
             count=int(item.get("count", 0)),
             devmem=int(item.get("devmem", 0)),
@@ -119,86 +147,99 @@ def _node_device(item: Any) -> NodeDevice:
         raise AnnotationError(f"{NODE_REGISTER} entry has a non-numeric field: {item!r}") from exc
 
 
+def encode_pair_scores(scores: dict[str, dict[str, int]]) -> str:
+    return json.dumps([{"uuid": u, "score": s} for u, s in scores.items()], separators=(",", ":"))
+
+
+def decode_pair_scores(value: str) -> dict[str, dict[str, int]]:
+    """``DecodePairScores``: uuid → {other uuid → score}."""
+    try:
+        raw = json.loads(value)
+        return {
+            str(e.get("uuid", "")): {str(k): int(v) for k, v in (e.get("score") or {}).items()}
+            for e in raw
+        }
+    except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+        raise AnnotationError(f"{NODE_PAIR_SCORE} is not a list of pair scores") from exc
+
+
 def encode_container_devices(devices: Sequence[ContainerDevice]) -> str:
     return "".join(f"{d.uuid},{d.type},{d.usedmem},{d.usedcores}{_DEVICE_SEP}" for d in devices)
 
 
 def decode_container_devices(value: str) -> list[ContainerDevice]:
+    """``DecodeContainerDevices``: entries without a ',' are skipped, as upstream does."""
     devices = []
     for entry in value.split(_DEVICE_SEP):
         if "," not in entry:
-            continue  # the empty tail after the last ':'
+            continue
         fields = entry.split(",")
         if len(fields) < 4:
-            raise AnnotationError(f"container device {entry!r} needs UUID,type,mem,cores")
+            raise AnnotationError(f"pod annotation format error, missing fields: {entry!r}")
         try:
             devices.append(ContainerDevice(fields[0], fields[1], int(fields[2]), int(fields[3])))
         except ValueError as exc:
-            raise AnnotationError(
-                f"container device {entry!r} has a non-integer mem/cores"
-            ) from exc
+            raise AnnotationError(f"container device {entry!r} has a non-integer field") from exc
     return devices
 
 
 def encode_pod_devices(containers: Sequence[Sequence[ContainerDevice]]) -> str:
+    """``EncodePodSingleDevice``: every container's entry ends in ';'."""
     return "".join(encode_container_devices(c) + _CONTAINER_SEP for c in containers)
 
 
 def decode_pod_devices(value: str) -> list[list[ContainerDevice]]:
-    """One list per container, in annotation order (init containers first)."""
-    parts = value.split(_CONTAINER_SEP)
-    if parts and parts[-1] == "":
-        parts.pop()  # every container's entry ends in ';'
-    return [decode_container_devices(p) for p in parts]
+    """``DecodePodDevices`` for one device type: one list per ';'-separated slot, empty
+    slots kept (so "a:;" gives two slots, the second empty)."""
+    return [decode_container_devices(p) for p in value.split(_CONTAINER_SEP)]
 
 
-def go_time_string(when: dt.datetime) -> str:
-    """``when`` as Go's ``time.Time.String()`` writes it (UTC, trailing zeros trimmed)."""
-    utc = when.astimezone(dt.UTC)
-    frac = f"{utc.microsecond * 1000:09d}".rstrip("0")
-    return f"{utc:%Y-%m-%d %H:%M:%S}{'.' + frac if frac else ''} +0000 UTC"
+def handshake_requesting(now_local: dt.datetime) -> str:
+    """What ``CheckHealth`` writes: ``Requesting_`` + local ``time.DateTime``."""
+    return f"{_REQUESTING}{now_local.strftime(_DATETIME)}"
 
 
-def handshake_reported(now: dt.datetime) -> str:
-    return f"{_REPORTED}{go_time_string(now)}"
-
-
-def handshake_requesting(now: dt.datetime) -> str:
-    return f"{_REQUESTING}{now.strftime(_REQUEST_TIME_FORMAT)}"
-
-
-def parse_handshake(value: str) -> tuple[str, dt.datetime | None]:
-    """("Requesting" | "Reported" | "Deleted" | "", time if it parses)."""
-    if value.startswith(_REQUESTING):
-        stamp = value.removeprefix(_REQUESTING)
-        try:
-            return "Requesting", dt.datetime.strptime(stamp, _REQUEST_TIME_FORMAT)
-        except ValueError:
-            return "Requesting", None
-    if value.startswith(_REPORTED):
-        stamp = value.removeprefix(_REPORTED)[:19]
-        try:
-            return "Reported", dt.datetime.strptime(stamp, _REQUEST_TIME_FORMAT).replace(
-                tzinfo=dt.UTC
-            )
-        except ValueError:
-            return "Reported", None
-    if value.startswith("Deleted"):
-        return "Deleted", None
-    return "", None
+def requesting_since(value: str) -> tuple[bool, dt.datetime | None]:
+    """(the handshake contains "Requesting", its local time when it parses)."""
+    if "Requesting" not in value:
+        return False, None
+    _, sep, stamp = value.partition("_")
+    if not sep:
+        return True, None
+    try:
+        return True, dt.datetime.strptime(stamp, _DATETIME)
+    except ValueError:
+        return True, None
 
 
 def node_lock_value(now: dt.datetime, namespace: str, name: str) -> str:
-    return _LOCK_SEP.join((now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), namespace, name))
+    """``GenerateNodeLockKeyByPod``: ``<RFC3339>,<namespace>,<pod>`` (UTC here)."""
+    return _LOCK_SEP.join((rfc3339(now), namespace, name))
+
+
+def rfc3339(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(value: str) -> dt.datetime:
+    """Go's ``time.Parse(time.RFC3339, value)``; AnnotationError if it is not one."""
+    m = _RFC3339.match(value)
+    if not m:
+        raise AnnotationError(f"{value!r} is not an RFC3339 time")
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise AnnotationError(f"{value!r} is not an RFC3339 time") from exc
 
 
 def parse_node_lock(value: str) -> tuple[dt.datetime, str, str]:
-    """(lock time, pod namespace, pod name) of a ``hami.io/mutex.lock`` value."""
+    """``ParseNodeLock``: (lock time, namespace, pod); namespace and pod are "" for the
+    legacy timestamp-only format. AnnotationError for anything else."""
+    if _LOCK_SEP not in value:
+        return parse_rfc3339(value), "", ""
     parts = value.split(_LOCK_SEP)
     if len(parts) != 3:
-        raise AnnotationError(f"{NODE_LOCK} {value!r} is not <RFC3339>,<namespace>,<pod>")
-    try:
-        when = dt.datetime.fromisoformat(parts[0].replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise AnnotationError(f"{NODE_LOCK} {value!r} has no RFC3339 time") from exc
-    return when, parts[1], parts[2]
+        raise AnnotationError(
+            f"malformed lock annotation: expected 3 parts, got {len(parts)} from {value}"
+        )
+    return parse_rfc3339(parts[0]), parts[1], parts[2]

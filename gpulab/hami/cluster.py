@@ -1,24 +1,27 @@
-"""The Kubernetes calls the extender makes, behind one small interface.
+"""The Kubernetes calls the extender makes and the informers that feed it: the I/O edge.
 
-HAMi reaches the API server through ``pkg/util/client`` and ``pkg/util`` helpers
-(``PatchPodAnnotations``, ``PatchNodeAnnotations``, ``Pods().Bind``); this module is that
-edge. ``KubeCluster`` talks to a real API server with the official client;
-``gpulab.hami.fake.FakeCluster`` keeps the same objects in memory for tests.
-Objects travel as the JSON dicts the API server serves (camelCase keys).
+Mirrors Project-HAMi/HAMi v2.10.0 ``pkg/util/client`` and the ``pkg/util`` helpers
+(``PatchPodAnnotations`` — which also labels the pod ``hami.io/vgpu-node`` —,
+``PatchNodeAnnotations``, ``RemoveNodeAnnotation``, ``Pods().Bind``) and the informer set-up
+of ``Scheduler.Start`` (pods, nodes and ResourceQuotas through ``gpulab.informer``, which
+plays client-go's SharedInformerFactory; Bind reads pods and nodes from the informers'
+stores, as upstream reads its listers). ``gpulab.hami.fake.FakeCluster`` implements the same
+two protocols in memory for tests. Objects are the JSON dicts the API server serves.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import threading
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-_log = logging.getLogger(__name__)
+from gpulab.informer import NODES, PODS, Handlers, Informer, ListWatch, Resource
+
+RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
+ASSIGNED_NODE_LABEL = "hami.io/vgpu-node"
+_MERGE_PATCH = "application/merge-patch+json"
 
 
 class ClusterError(RuntimeError):
@@ -34,6 +37,8 @@ class Conflict(ClusterError):
 
 
 class Cluster(Protocol):
+    """The API calls (``client.GetClient()`` in HAMi)."""
+
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     def get_node(self, name: str) -> dict[str, Any]: ...
@@ -50,6 +55,28 @@ class Cluster(Protocol):
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
+    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        """Pods with ``spec.nodeName`` = node (the device plugin's fallback search)."""
+        ...
+
+
+class Listers(Protocol):
+    """The informers' caches (``podLister``, ``nodeLister``)."""
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def node(self, name: str) -> dict[str, Any] | None: ...
+
+    def nodes(self) -> list[dict[str, Any]]: ...
+
+
+class Watched(Protocol):
+    """What the informers call: ``Scheduler`` implements it."""
+
+    pod_handlers: Handlers
+    node_handlers: Handlers
+    quota_handlers: Handlers
+
 
 def _raise(exc: ApiException, what: str) -> None:
     if exc.status == 404:
@@ -59,9 +86,17 @@ def _raise(exc: ApiException, what: str) -> None:
     raise ClusterError(f"{what}: HTTP {exc.status} {exc.reason}") from exc
 
 
+def pod_patch(annotations: dict[str, str | None]) -> dict[str, Any]:
+    """``util.PatchPodAnnotations``' body: setting ``hami.io/vgpu-node`` labels the pod too."""
+    meta: dict[str, Any] = {"annotations": annotations}
+    node = annotations.get(ASSIGNED_NODE_LABEL)
+    if node:
+        meta["labels"] = {ASSIGNED_NODE_LABEL: node}
+    return {"metadata": meta}
+
+
 class KubeCluster:
-    """``Cluster`` over the official kubernetes client, plus the list+watch feeds that
-    stand in for client-go informers."""
+    """``Cluster`` over the official kubernetes client."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
@@ -84,9 +119,14 @@ class KubeCluster:
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> None:
-        body = {"metadata": {"annotations": annotations}}
         try:
-            self.core.patch_namespaced_pod(name, namespace, body, _content_type=_MERGE_PATCH)
+            self.core.patch_namespaced_pod(
+                name,
+                namespace,
+                pod_patch(annotations),
+                _content_type=_MERGE_PATCH,
+                _preload_content=False,
+            )
         except ApiException as exc:
             _raise(exc, f"pod {namespace}/{name}")
 
@@ -99,62 +139,75 @@ class KubeCluster:
             # server answers 409 if the node changed, as HAMi's nodelock relies on.
             meta["resourceVersion"] = resource_version
         try:
-            self.core.patch_node(name, {"metadata": meta}, _content_type=_MERGE_PATCH)
+            self.core.patch_node(
+                name, {"metadata": meta}, _content_type=_MERGE_PATCH, _preload_content=False
+            )
         except ApiException as exc:
             _raise(exc, f"node {name}")
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, uid=uid or None),
-            target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
-        )
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, **({"uid": uid} if uid else {})},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         try:
-            self.core.create_namespaced_binding(namespace, body)
+            self.core.create_namespaced_binding(namespace, body, _preload_content=False)
         except ApiException as exc:
             _raise(exc, f"binding of pod {namespace}/{name}")
-        except ValueError as exc:
-            # The API server answers a Binding POST with a Status, which the generated
-            # client fails to read back as a V1Binding ("target ... required"): the
-            # Binding was created all the same.
-            if "target" not in str(exc):
-                raise
 
-    def list_and_watch(
-        self,
-        kind: str,
-        on_list: Callable[[list[dict[str, Any]]], None],
-        on_event: Callable[[str, dict[str, Any]], None],
-        stop: threading.Event,
-    ) -> None:
-        """An informer: list, hand over the items, then watch; re-list when the watch
-        expires (410) or drops. Runs until ``stop`` is set."""
-        list_fn = {
-            "pods": self.core.list_pod_for_all_namespaces,
-            "nodes": self.core.list_node,
-        }[kind]
-        while not stop.is_set():
-            try:
-                listing = _body(list_fn(_preload_content=False))
-                on_list(listing.get("items") or [])
-                rv = listing.get("metadata", {}).get("resourceVersion")
-                w = watch.Watch()
-                for ev in w.stream(
-                    list_fn, resource_version=rv, timeout_seconds=300, deserialize=False
-                ):
-                    if stop.is_set():
-                        w.stop()
-                        break
-                    obj = ev.get("object") or ev.get("raw_object")
-                    if ev.get("type") in ("ADDED", "MODIFIED", "DELETED") and obj:
-                        on_event(ev["type"], obj)
-            except Exception as exc:  # API server restarts must not end the informer
-                _log.warning("%s informer: %s; re-listing in 2 s", kind, exc)
-                stop.wait(2.0)
+    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        try:
+            resp = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _preload_content=False
+            )
+        except ApiException as exc:
+            _raise(exc, f"pods on node {node}")
+            raise
+        return list(_body(resp).get("items") or [])
 
 
-_MERGE_PATCH = "application/merge-patch+json"
+class StoreListers:
+    """``Listers`` over the informers' stores."""
+
+    def __init__(self, pods: Informer, nodes: Informer) -> None:
+        self._pods, self._nodes = pods, nodes
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._pods.store.get(f"{namespace}/{name}")
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        return self._nodes.store.get(name)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self._nodes.store.list()
+
+
+def start_informers(
+    api: client.ApiClient, watched: Watched, timeout: float
+) -> tuple[StoreListers, list[Informer]]:
+    """``Scheduler.Start``: pod, node and ResourceQuota informers, then wait for sync.
+
+    Returns the listers and the informers (to stop them); raises ClusterError when they
+    have not synced within ``timeout`` seconds."""
+    informers = [
+        Informer(ListWatch(api, PODS), watched.pod_handlers, name="hami-pods"),
+        Informer(ListWatch(api, NODES), watched.node_handlers, name="hami-nodes"),
+        Informer(ListWatch(api, RESOURCE_QUOTAS), watched.quota_handlers, name="hami-quotas"),
+    ]
+    for inf in informers:
+        inf.start()
+    for inf in informers:
+        if not inf.wait_for_sync(timeout):
+            for other in informers:
+                other.stop()
+            raise ClusterError(
+                f"the {inf.lw} informer did not sync within {timeout:g}s: is the API server "
+                "reachable and may this identity list and watch it (manifests/hami/rbac.yaml)?"
+            )
+    return StoreListers(informers[0], informers[1]), informers
 
 
 def _body(resp: Any) -> dict[str, Any]:
-    data = resp.data if hasattr(resp, "data") else resp.read()
-    return json.loads(data)
+    return json.loads(resp.data)

@@ -1,36 +1,46 @@
 """`gpulab extender` (HAMi's scheduler process) and `gpulab explain pod`.
 
-The extender flags follow HAMi ``cmd/scheduler/main.go`` (``--http_bind``, ``--cert_file``,
-``--key_file``, ``--scheduler-name``, ``--default-mem``, ``--default-cores``,
-``--default-gpu``, ``--node-scheduler-policy``, ``--gpu-scheduler-policy``,
-``--metrics-bind-address``), spelled with dashes.
+The extender's flags are Project-HAMi/HAMi v2.10.0 ``cmd/scheduler/main.go``'s, spelled as
+there (``--http_bind``, ``--cert_file``, ``--key_file``, ``--scheduler-name``,
+``--node-scheduler-policy``, ``--gpu-scheduler-policy``, ``--metrics-bind-address``,
+``--node-label-selector``, ``--node-lock-timeout`` and ``--node-lock-retry-timeout`` as Go
+durations, ``--force-overwrite-default-scheduler``, ``--legacy-metrics``,
+``--device-config-file``). Not implemented: ``--leader-elect*``, ``--profiling``,
+``--kube-qps`` / ``--kube-burst`` / ``--kube-timeout``, ``--debug``. Lab additions, named:
+``--kubeconfig`` (upstream uses $KUBECONFIG or the ServiceAccount, as the lab does without
+it) and ``--gpulab-lock-retry-all`` (a benchmark experiment). A value that does not parse
+— a Go duration without a unit, an unknown policy — stops start-up with one line.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 from typing import Any
 
 from gpulab.errors import CLIError
 from gpulab.hami import score
-from gpulab.hami.device import Defaults
-from gpulab.hami.nodelock import DEFAULT_TIMEOUT
-from gpulab.hami.scheduler import FILTER_RESULT, SchedulerConfig
+from gpulab.hami.config import (
+    ConfigError,
+    load_device_config,
+    parse_go_duration,
+    parse_string_to_string,
+)
+from gpulab.hami.filter import FILTER_RESULT
+from gpulab.hami.scheduler import SchedulerConfig
 from gpulab.hami.webhook import WebhookConfig
 
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
-def _lock_timeout() -> float:
-    """HAMi reads HAMI_NODELOCK_EXPIRE as a Go duration ("5m", "300s"); plain seconds too."""
-    raw = os.environ.get("HAMI_NODELOCK_EXPIRE", "").strip()
-    unit = {"s": 1, "m": 60, "h": 3600}.get(raw[-1:], 1) if raw else 1
-    number = raw.rstrip("smh")
-    try:
-        return float(number) * unit
-    except ValueError:
-        return DEFAULT_TIMEOUT.total_seconds()
+
+def go_bool(value: str) -> bool:
+    """pflag's ``BoolVar`` values (``strconv.ParseBool``)."""
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {value!r}: use true or false")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -38,41 +48,53 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "extender",
         help="HAMi scheduler: kube-scheduler extender (/filter, /bind) + admission webhook",
     )
-    ext.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, the lab cluster)")
-    ext.add_argument("--http-bind", default="127.0.0.1:8080", help="HOST:PORT of the routes")
-    ext.add_argument(
-        "--metrics-bind", default="127.0.0.1:9395", help="HOST:PORT of Prometheus /metrics"
-    )
-    ext.add_argument("--cert-file", help="TLS certificate (HTTPS when given with --key-file)")
-    ext.add_argument("--key-file", help="TLS private key")
+    ext.add_argument("--http_bind", default="127.0.0.1:8080", help="http server bind address")
+    ext.add_argument("--cert_file", default="", help="tls cert file")
+    ext.add_argument("--key_file", default="", help="tls key file")
     ext.add_argument(
         "--scheduler-name",
-        default="hami-scheduler",
-        help="schedulerName the webhook sets on GPU pods",
+        default="",
+        help="the name to be added to pod.spec.schedulerName if not empty",
     )
-    ext.add_argument("--default-mem", type=int, default=0, help="MiB per vGPU when not asked")
+    ext.add_argument("--node-scheduler-policy", default=score.BINPACK, help="node scheduler policy")
+    ext.add_argument("--gpu-scheduler-policy", default=score.SPREAD, help="GPU scheduler policy")
     ext.add_argument(
-        "--default-cores", type=int, default=0, help="%% cores per vGPU when not asked"
-    )
-    ext.add_argument(
-        "--default-gpu-count",
-        type=int,
-        default=0,
-        help="nvidia.com/gpu added to containers that ask only for gpumem/gpucores "
-        "(0: reject them, HAMi's --default-gpu is 1)",
-    )
-    ext.add_argument("--node-scheduler-policy", choices=score.POLICIES, default=score.BINPACK)
-    ext.add_argument("--gpu-scheduler-policy", choices=score.POLICIES, default=score.SPREAD)
-    ext.add_argument(
-        "--node-lock-timeout",
-        type=float,
-        default=_lock_timeout(),
-        help="seconds after which a node lock is stale (HAMI_NODELOCK_EXPIRE)",
+        "--metrics-bind-address",
+        default=":9395",
+        help="The TCP address that the scheduler should bind to for serving prometheus metrics",
     )
     ext.add_argument(
-        "--keep-node-lock",
+        "--node-label-selector", default="", help="key=value pairs separated by commas"
+    )
+    ext.add_argument("--node-lock-timeout", default="5m", help="timeout for node locks")
+    ext.add_argument(
+        "--node-lock-retry-timeout",
+        default="28s",
+        help="timeout for retrying LockNode when contended by another PodGroup member "
+        "(0 disables retry)",
+    )
+    ext.add_argument(
+        "--force-overwrite-default-scheduler",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        help="overwrite schedulerName default-scheduler in the pod spec",
+    )
+    ext.add_argument(
+        "--legacy-metrics",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="emit legacy metric names alongside new ones",
+    )
+    ext.add_argument("--device-config-file", required=True, help="Path to the device config file")
+    ext.add_argument("--kubeconfig", help="lab: kubeconfig (default: $KUBECONFIG, the lab cluster)")
+    ext.add_argument(
+        "--gpulab-lock-retry-all",
         action="store_true",
-        help="leave the node lock for the device plugin to release after Allocate (HAMi)",
+        help="lab experiment: every pod waits for a contended node lock, not only PodGroup members",
     )
     ext.set_defaults(func=_run_extender)
 
@@ -84,42 +106,56 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     exp.set_defaults(func=_run_explain)
 
 
-def _run_extender(args: argparse.Namespace) -> int:
-    from gpulab.hami.server import ServerOptions, StartError, parse_bind, start
+def options(args: argparse.Namespace) -> Any:
+    """The flags as ServerOptions; CLIError (one line) for a value that does not parse."""
+    from gpulab.hami.server import ServerOptions, StartError, parse_bind
 
-    for flag, value in (
-        ("--default-mem", args.default_mem),
-        ("--default-cores", args.default_cores),
-        ("--default-gpu-count", args.default_gpu_count),
-    ):
-        if value < 0:
-            raise CLIError(f"{flag} must not be negative")
-    if args.default_cores > 100:
-        raise CLIError("--default-cores is a percentage: 0..100")
     if bool(args.cert_file) != bool(args.key_file):
-        raise CLIError("HTTPS needs both --cert-file and --key-file")
+        raise CLIError("HTTPS needs both --cert_file and --key_file")
     try:
-        opts = ServerOptions(
+        score.validate_node_policy(args.node_scheduler_policy, "--node-scheduler-policy")
+        score.validate_gpu_policy(args.gpu_scheduler_policy, "--gpu-scheduler-policy")
+        nvidia = load_device_config(args.device_config_file)
+        return ServerOptions(
             kubeconfig=args.kubeconfig,
-            http_bind=parse_bind(args.http_bind, "--http-bind"),
-            metrics_bind=parse_bind(args.metrics_bind, "--metrics-bind"),
-            cert_file=args.cert_file,
-            key_file=args.key_file,
+            http_bind=parse_bind(args.http_bind, "--http_bind"),
+            metrics_bind=parse_bind(args.metrics_bind_address, "--metrics-bind-address"),
+            cert_file=args.cert_file or None,
+            key_file=args.key_file or None,
             scheduler=SchedulerConfig(
                 scheduler_name=args.scheduler_name,
-                defaults=Defaults(mem=args.default_mem, cores=args.default_cores),
+                nvidia=nvidia,
                 node_policy=args.node_scheduler_policy,
                 gpu_policy=args.gpu_scheduler_policy,
-                node_lock_timeout=dt.timedelta(seconds=args.node_lock_timeout),
-                keep_node_lock=args.keep_node_lock,
+                node_lock_timeout=parse_go_duration(args.node_lock_timeout, "--node-lock-timeout"),
+                node_lock_retry_timeout=parse_go_duration(
+                    args.node_lock_retry_timeout, "--node-lock-retry-timeout"
+                ),
+                node_label_selector=tuple(
+                    sorted(
+                        parse_string_to_string(
+                            args.node_label_selector, "--node-label-selector"
+                        ).items()
+                    )
+                ),
+                lock_retry_all=args.gpulab_lock_retry_all,
             ),
             webhook=WebhookConfig(
                 scheduler_name=args.scheduler_name,
-                default_gpu_count=args.default_gpu_count,
-                default_mem=args.default_mem,
-                default_cores=args.default_cores,
+                force_overwrite_default_scheduler=args.force_overwrite_default_scheduler,
+                nvidia=nvidia,
             ),
+            legacy_metrics=args.legacy_metrics,
         )
+    except (ConfigError, score.PolicyError, StartError) as exc:
+        raise CLIError(str(exc)) from exc
+
+
+def _run_extender(args: argparse.Namespace) -> int:
+    from gpulab.hami.server import StartError, start
+
+    opts = options(args)
+    try:
         start(opts)
     except StartError as exc:
         raise CLIError(str(exc)) from exc
@@ -127,7 +163,7 @@ def _run_extender(args: argparse.Namespace) -> int:
 
 
 def explain_rows(record: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    """(node, fit, reason, score, GPUs) per node, the chosen one first."""
+    """(node, fit, reason, score, GPUs) per recorded node, the chosen one first."""
     chosen = record.get("chosen")
     nodes = sorted(
         record.get("nodes") or [], key=lambda n: (n.get("node") != chosen, n.get("node"))
@@ -180,6 +216,9 @@ def _run_explain(args: argparse.Namespace) -> int:
         table.add_row(*row, style="bold green" if row[0].startswith("★") else None)
     console = Console()
     console.print(table)
+    if record.get("omitted"):
+        summary = ", ".join(f"{n} {r}" for r, n in (record.get("summary") or {}).items())
+        console.print(f"{record['omitted']} more nodes not listed; all nodes: {summary}")
     if record.get("chosen") is None:
         console.print("[red]no node fits: the pod stays Pending[/red]")
     return 0

@@ -1,66 +1,55 @@
-"""What a container asks of NVIDIA vGPUs, and which cards it may use.
+"""What a container asks of NVIDIA vGPUs, and which cards a pod lets it use.
 
-Mirrors HAMi ``pkg/device/nvidia/device.go`` (``GenerateResourceRequests``,
-``checkGPUtype``, ``CheckUUID``) and the resource/annotation names of
-``pkg/util/types.go``. Pure: pod and container objects are the JSON dicts the API
-server serves (camelCase keys).
+Mirrors Project-HAMi/HAMi v2.10.0 ``pkg/device/nvidia/device.go``
+(``GenerateResourceRequests``, ``checkGPUtype``, ``checkType``, ``assertNuma``) and
+``pkg/device/devices.go`` (``Resourcereqs``, ``CheckUUID``, ``CheckType``), plus the
+pod-annotation names of ``pkg/util/types.go``. Quantities are read with
+``kubernetes.utils.parse_quantity`` and must be whole numbers, as ``Quantity.AsInt64``.
+Pure: pods and containers are the JSON dicts the API server serves.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
-RESOURCE_COUNT = "nvidia.com/gpu"
-RESOURCE_MEM = "nvidia.com/gpumem"
-RESOURCE_MEM_PERCENTAGE = "nvidia.com/gpumem-percentage"
-RESOURCE_CORES = "nvidia.com/gpucores"
-MANAGED_RESOURCES = (RESOURCE_COUNT, RESOURCE_MEM, RESOURCE_MEM_PERCENTAGE, RESOURCE_CORES)
+from kubernetes.utils import parse_quantity
 
-DEVICE_TYPE = "NVIDIA"
+from gpulab.hami.annotations import DEVICE_TYPE
+from gpulab.hami.config import NvidiaConfig
 
-# Pod annotations that select cards (pkg/device/nvidia/device.go).
+# Pod annotations that select cards.
 GPU_IN_USE = "nvidia.com/use-gputype"
 GPU_NO_USE = "nvidia.com/nouse-gputype"
 GPU_USE_UUID = "nvidia.com/use-gpuuuid"
 GPU_NO_USE_UUID = "nvidia.com/nouse-gpuuuid"
+NUMA_BIND = "nvidia.com/numa-bind"
+ALLOCATE_MODE = "nvidia.com/vgpu-mode"
 
 # HAMi's "percentage not given" sentinel: 101 means unset, 100 means the whole card.
 MEM_PERCENTAGE_UNSET = 101
-CORE_LIMIT = 100
-
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
-_SUFFIX = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-}
+INT32_MAX = 2**31 - 1
+_INT64 = 2**63
 
 
 class RequestError(ValueError):
-    """A pod's GPU request cannot be understood (bad quantity, wrong JSON type)."""
+    """A pod is not shaped like a pod (wrong JSON types, a value that is no quantity)."""
 
 
 @dataclass(frozen=True)
 class ContainerRequest:
-    """``util.ContainerDeviceRequest``: what one container asks of NVIDIA cards."""
+    """``ContainerDeviceRequest`` for NVIDIA (nums=0: the container asks for none)."""
 
     nums: int
     memreq: int = 0  # MiB per card; 0 = use mem_percentage
     mem_percentage: int = MEM_PERCENTAGE_UNSET
     coresreq: int = 0  # % of SMs per card
+    type: str = DEVICE_TYPE
 
     def memory_on(self, totalmem: int) -> int:
-        """MiB this request takes on a card of ``totalmem`` MiB (HAMi computeMemreq)."""
+        """MiB this request takes on a card of ``totalmem`` MiB, as ``Fit`` computes it."""
         if self.memreq > 0:
             return self.memreq
         if self.mem_percentage != MEM_PERCENTAGE_UNSET:
@@ -68,27 +57,24 @@ class ContainerRequest:
         return 0
 
 
-@dataclass(frozen=True)
-class Defaults:
-    """Flag defaults HAMi applies to requests (--default-mem, --default-cores)."""
-
-    mem: int = 0
-    cores: int = 0
+NO_REQUEST = ContainerRequest(nums=0)
 
 
-def parse_quantity(value: Any) -> int:
-    """A Kubernetes quantity as an integer (``Quantity.AsInt64``); RequestError if not one."""
-    if isinstance(value, bool) or not isinstance(value, str | int):
+def as_int64(value: Any) -> int | None:
+    """``Quantity.AsInt64``: the integer value, None when it is not a whole int64.
+
+    RequestError when the value is not a quantity at all (Go fails to decode the pod).
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise RequestError(f"quantity must be a string, got {type(value).__name__}")
-    m = _QUANTITY.match(str(value).strip())
-    if not m or m.group(2) not in _SUFFIX:
-        raise RequestError(f"invalid quantity {str(value)[:40]!r}")
     try:
-        number = Decimal(m.group(1)) * _SUFFIX[m.group(2)]
-    except InvalidOperation as exc:
+        number: Decimal = parse_quantity(value)
+    except (ValueError, TypeError, ArithmeticError) as exc:
         raise RequestError(f"invalid quantity {str(value)[:40]!r}") from exc
-    if number != number.to_integral_value() or abs(number) > 2**62:
-        raise RequestError(f"quantity {str(value)[:40]!r} is not a whole number")
+    if not number.is_finite() or number != number.to_integral_value():
+        return None
+    if not -_INT64 <= number < _INT64:
+        return None
     return int(number)
 
 
@@ -103,56 +89,70 @@ def _resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping
     return limits, requests
 
 
-def resource_value(container: Mapping[str, Any], name: str) -> int | None:
-    """Limits first, then requests, as HAMi does."""
+def quantity(container: Mapping[str, Any], name: str) -> tuple[bool, int | None]:
+    """(present, AsInt64 value) of resource ``name``: limits first, then requests."""
     limits, requests = _resources(container)
     if name in limits:
-        return parse_quantity(limits[name])
+        return True, as_int64(limits[name])
     if name in requests:
-        return parse_quantity(requests[name])
-    return None
+        return True, as_int64(requests[name])
+    return False, None
 
 
-def container_request(container: Mapping[str, Any], defaults: Defaults) -> ContainerRequest:
-    """``GenerateResourceRequests``: nums=0 when the container asks for no NVIDIA vGPU."""
-    nums = resource_value(container, RESOURCE_COUNT)
-    if not nums or nums <= 0:
-        return ContainerRequest(nums=0)
-    memreq = resource_value(container, RESOURCE_MEM) or 0
-    percentage = resource_value(container, RESOURCE_MEM_PERCENTAGE)
-    mem_percentage = MEM_PERCENTAGE_UNSET if percentage is None else percentage
-    if mem_percentage == MEM_PERCENTAGE_UNSET and memreq == 0:
-        # Neither given: the default memory, else the whole card.
-        if defaults.mem:
-            memreq = defaults.mem
+def container_request(container: Mapping[str, Any], cfg: NvidiaConfig) -> ContainerRequest:
+    """``GenerateResourceRequests``: NO_REQUEST when the container asks for no NVIDIA vGPU
+    (or asks for memory that is not a plain int32, which upstream refuses outright)."""
+    present, nums = quantity(container, cfg.resource_count_name)
+    if not present or nums is None:
+        return NO_REQUEST
+    memnum = 0
+    present, mem = quantity(container, cfg.resource_memory_name)
+    if present:
+        factor = max(cfg.memory_factor, 1)
+        if mem is None or mem < 0 or mem > INT32_MAX // factor:
+            return NO_REQUEST
+        memnum = mem * factor
+    mempnum = MEM_PERCENTAGE_UNSET
+    present, pct = quantity(container, cfg.resource_memory_percentage_name)
+    if present and pct is not None:
+        pct = min(pct, 100)
+        mempnum = pct if pct > 0 else MEM_PERCENTAGE_UNSET
+    if mempnum == MEM_PERCENTAGE_UNSET and memnum == 0:
+        if cfg.default_memory:
+            memnum = cfg.default_memory
         else:
-            mem_percentage = 100
-    cores = resource_value(container, RESOURCE_CORES)
-    coresreq = defaults.cores if cores is None else cores
-    if memreq < 0 or coresreq < 0 or not 0 <= mem_percentage <= MEM_PERCENTAGE_UNSET:
-        raise RequestError("gpumem, gpumem-percentage and gpucores must not be negative")
-    # HAMi clamps (normalizeCoresreq) rather than rejecting.
-    return ContainerRequest(
-        nums=nums,
-        memreq=memreq,
-        mem_percentage=mem_percentage,
-        coresreq=min(coresreq, CORE_LIMIT),
-    )
+            mempnum = 100
+    corenum = cfg.default_cores
+    present, cores = quantity(container, cfg.resource_core_name)
+    if present and cores is not None:
+        corenum = cores
+    return ContainerRequest(nums=nums, memreq=memnum, mem_percentage=mempnum, coresreq=corenum)
 
 
-def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def container_lists(
+    pod: Mapping[str, Any],
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(initContainers, containers) of a pod; RequestError when they are not lists."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         raise RequestError("pod.spec must be an object")
-    ctrs = spec.get("containers") or []
-    if not isinstance(ctrs, list) or not all(isinstance(c, Mapping) for c in ctrs):
-        raise RequestError("pod.spec.containers must be a list of objects")
-    return ctrs
+    out = []
+    for key in ("initContainers", "containers"):
+        items = spec.get(key) or []
+        if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
+            raise RequestError(f"pod.spec.{key} must be a list of objects")
+        out.append(items)
+    return out[0], out[1]
 
 
-def pod_requests(pod: Mapping[str, Any], defaults: Defaults) -> list[ContainerRequest]:
-    """One request per app container, in order (init containers are not shared vGPUs here)."""
-    return [container_request(c, defaults) for c in containers(pod)]
+def pod_requests(pod: Mapping[str, Any], cfg: NvidiaConfig) -> tuple[ContainerRequest, ...]:
+    """``Resourcereqs``: one request per container, init containers first."""
+    init, app = container_lists(pod)
+    return tuple(container_request(c, cfg) for c in (*init, *app))
+
+
+def wants_devices(reqs: Sequence[ContainerRequest]) -> bool:
+    return any(r.nums > 0 for r in reqs)
 
 
 def annotations(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -165,24 +165,49 @@ def annotations(pod: Mapping[str, Any]) -> dict[str, str]:
     return dict(annos)
 
 
-def type_allowed(annos: Mapping[str, str], card_type: str) -> bool:
-    """``checkGPUtype``: use-gputype / nouse-gputype are comma lists matched as substrings."""
-    card = card_type.upper()
-    if GPU_IN_USE in annos:
-        wanted = [t.strip().upper() for t in annos[GPU_IN_USE].split(",") if t.strip()]
-        if not any(t in card for t in wanted):
-            return False
-    if GPU_NO_USE in annos:
-        unwanted = [t.strip().upper() for t in annos[GPU_NO_USE].split(",") if t.strip()]
-        if any(t in card for t in unwanted):
-            return False
-    return True
+def _listed(value: str | None) -> list[str] | None:
+    """A comma list, or None when absent or blank ("an empty value means no constraint")."""
+    if value is None or not value.strip():
+        return None
+    return [item.strip() for item in value.split(",")]
 
 
-def uuid_allowed(annos: Mapping[str, str], uuid: str) -> bool:
-    """``CheckUUID``: use-gpuuuid wins over nouse-gpuuuid, both comma lists of exact UUIDs."""
-    if GPU_USE_UUID in annos:
-        return uuid in [u.strip() for u in annos[GPU_USE_UUID].split(",")]
-    if GPU_NO_USE_UUID in annos:
-        return uuid not in [u.strip() for u in annos[GPU_NO_USE_UUID].split(",")]
-    return True
+@dataclass(frozen=True)
+class CardFilter:
+    """The pod's card selection annotations, parsed once per request."""
+
+    use_types: tuple[str, ...] | None = None
+    nouse_types: tuple[str, ...] | None = None
+    use_uuids: frozenset[str] | None = None
+    nouse_uuids: frozenset[str] | None = None
+    mode: str | None = None  # nvidia.com/vgpu-mode
+    numa_bind: bool = False
+
+    @classmethod
+    def of(cls, annos: Mapping[str, str]) -> CardFilter:
+        use_t, nouse_t = _listed(annos.get(GPU_IN_USE)), _listed(annos.get(GPU_NO_USE))
+        use_u, nouse_u = _listed(annos.get(GPU_USE_UUID)), _listed(annos.get(GPU_NO_USE_UUID))
+        return cls(
+            use_types=tuple(t.upper() for t in use_t if t) if use_t is not None else None,
+            nouse_types=tuple(t.upper() for t in nouse_t if t) if nouse_t is not None else None,
+            use_uuids=frozenset(use_u) if use_u is not None else None,
+            nouse_uuids=frozenset(nouse_u) if nouse_u is not None else None,
+            mode=annos.get(ALLOCATE_MODE),
+            numa_bind=annos.get(NUMA_BIND, "").strip().lower() in ("1", "t", "true"),
+        )
+
+    def type_ok(self, card_type: str, card_mode: str) -> bool:
+        """``checkType``: use-/nouse-gputype as case-insensitive substrings, both applied;
+        ``nvidia.com/vgpu-mode`` must contain the card's mode."""
+        upper = card_type.upper()
+        if self.use_types is not None and not any(t in upper for t in self.use_types):
+            return False
+        if self.nouse_types is not None and any(t in upper for t in self.nouse_types):
+            return False
+        return self.mode is None or card_mode in self.mode
+
+    def uuid_ok(self, uuid: str) -> bool:
+        """``CheckUUID``: use-gpuuuid must list it and nouse-gpuuuid must not; both apply."""
+        if self.use_uuids is not None and uuid not in self.use_uuids:
+            return False
+        return self.nouse_uuids is None or uuid not in self.nouse_uuids

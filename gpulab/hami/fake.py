@@ -1,138 +1,223 @@
-"""An in-memory ``Cluster``: pods and nodes as dicts, with the API server's rules that
-matter to the extender (resourceVersion compare-and-swap, one Binding per pod, 404s).
+"""An in-memory API server for the extender: pods, nodes and ResourceQuotas as dicts, with
+the rules that matter to it (resourceVersion compare-and-swap, one Binding per pod, 404s,
+a UID per pod), and the informer side: ``connect`` lists everything into a scheduler's
+handlers and delivers every later change, and the object dicts serve as its listers.
 
-Used by the component tests and handy for running the extender without a cluster. Every
-change is reported to ``watchers`` as ``(kind, event, object)``, as an informer would see it.
+Used by the component tests and the benchmark; implements ``cluster.Cluster`` and
+``cluster.Listers``.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable
+import uuid
 from typing import Any
 
-from gpulab.hami.cluster import Conflict, NotFound
+from gpulab.hami.cluster import Conflict, NotFound, Watched, pod_patch
 
-Watcher = Callable[[str, str, dict[str, Any]], None]
+Obj = dict[str, Any]
 
 
 class FakeCluster:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._rv = 0
-        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], Obj] = {}
+        self.nodes: dict[str, Obj] = {}
+        self.quotas: dict[tuple[str, str], Obj] = {}
         self.bindings: list[tuple[str, str, str]] = []
-        self.watchers: list[Watcher] = []
+        self.calls: list[str] = []  # API verbs in order, for tests that count round trips
+        self._watched: list[Watched] = []
 
-    def _bump(self, obj: dict[str, Any]) -> None:
+    # -- writes (and what an informer would deliver) -----------------------------------
+
+    def _bump(self, obj: Obj) -> None:
         self._rv += 1
         obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
 
-    def _emit(self, kind: str, event: str, obj: dict[str, Any]) -> None:
-        """``obj`` is a snapshot taken under the lock."""
-        for w in list(self.watchers):
-            w(kind, event, obj)
+    def _emit(self, kind: str, event: str, old: Obj | None, new: Obj) -> None:
+        for w in list(self._watched):
+            handlers = {
+                "pods": w.pod_handlers,
+                "nodes": w.node_handlers,
+                "quotas": w.quota_handlers,
+            }[kind]
+            if event == "ADDED" and handlers.on_add:
+                handlers.on_add(new)
+            elif event == "MODIFIED" and handlers.on_update:
+                handlers.on_update(old or new, new)
+            elif event == "DELETED" and handlers.on_delete:
+                handlers.on_delete(new)
 
-    def add_node(self, node: dict[str, Any]) -> None:
+    def add_node(self, node: Obj) -> None:
         with self._lock:
             node = copy.deepcopy(node)
             self._bump(node)
-            snap = copy.deepcopy(node)
             self.nodes[node["metadata"]["name"]] = node
-        self._emit("nodes", "ADDED", snap)
+        self._emit("nodes", "ADDED", None, node)
 
-    def add_pod(self, pod: dict[str, Any]) -> None:
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            node = self.nodes.pop(name, None)
+        if node is not None:
+            self._emit("nodes", "DELETED", None, node)
+
+    def add_pod(self, pod: Obj) -> Obj:
         with self._lock:
             pod = copy.deepcopy(pod)
             meta = pod.setdefault("metadata", {})
             meta.setdefault("namespace", "default")
+            meta.setdefault("uid", str(uuid.uuid4()))
             self._bump(pod)
-            snap = copy.deepcopy(pod)
             self.pods[(meta["namespace"], meta["name"])] = pod
-        self._emit("pods", "ADDED", snap)
+        self._emit("pods", "ADDED", None, pod)
+        return pod
+
+    def update_pod(self, pod: Obj) -> None:
+        """Replace a pod (a kubelet status update, say) and tell the informers."""
+        with self._lock:
+            meta = pod["metadata"]
+            old = self.pods[(meta["namespace"], meta["name"])]
+            new = copy.deepcopy(pod)
+            self._bump(new)
+            self.pods[(meta["namespace"], meta["name"])] = new
+        self._emit("pods", "MODIFIED", old, new)
 
     def delete_pod(self, namespace: str, name: str) -> None:
         with self._lock:
             pod = self.pods.pop((namespace, name), None)
         if pod is not None:
-            self._emit("pods", "DELETED", pod)
+            self._emit("pods", "DELETED", None, pod)
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    def add_quota(self, quota: Obj) -> None:
         with self._lock:
+            quota = copy.deepcopy(quota)
+            meta = quota["metadata"]
+            self._bump(quota)
+            self.quotas[(meta["namespace"], meta["name"])] = quota
+        self._emit("quotas", "ADDED", None, quota)
+
+    # -- Cluster ----------------------------------------------------------------------
+
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        with self._lock:
+            self.calls.append("get pod")
             if (namespace, name) not in self.pods:
                 raise NotFound(f"pod {namespace}/{name} not found")
             return copy.deepcopy(self.pods[(namespace, name)])
 
-    def get_node(self, name: str) -> dict[str, Any]:
+    def get_node(self, name: str) -> Obj:
         with self._lock:
+            self.calls.append("get node")
             if name not in self.nodes:
                 raise NotFound(f"node {name} not found")
             return copy.deepcopy(self.nodes[name])
 
     @staticmethod
-    def _merge(obj: dict[str, Any], annotations: dict[str, str | None]) -> None:
-        annos = obj.setdefault("metadata", {}).setdefault("annotations", {})
-        for k, v in annotations.items():
+    def _merge(target: dict[str, Any], values: dict[str, Any]) -> None:
+        for k, v in values.items():
             if v is None:
-                annos.pop(k, None)
+                target.pop(k, None)
             else:
-                annos[k] = v
+                target[k] = v
 
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> None:
         with self._lock:
-            pod = self.pods.get((namespace, name))
-            if pod is None:
+            self.calls.append("patch pod")
+            old = self.pods.get((namespace, name))
+            if old is None:
                 raise NotFound(f"pod {namespace}/{name} not found")
-            self._merge(pod, annotations)
+            pod = copy.deepcopy(old)
+            body = pod_patch(annotations)["metadata"]
+            meta = pod.setdefault("metadata", {})
+            self._merge(meta.setdefault("annotations", {}), body["annotations"])
+            self._merge(meta.setdefault("labels", {}), body.get("labels", {}))
             self._bump(pod)
-            snap = copy.deepcopy(pod)
-        self._emit("pods", "MODIFIED", snap)
+            self.pods[(namespace, name)] = pod
+        self._emit("pods", "MODIFIED", old, pod)
 
     def patch_node_annotations(
         self, name: str, annotations: dict[str, str | None], resource_version: str | None = None
     ) -> None:
         with self._lock:
-            node = self.nodes.get(name)
-            if node is None:
+            self.calls.append("patch node")
+            old = self.nodes.get(name)
+            if old is None:
                 raise NotFound(f"node {name} not found")
-            if resource_version and node["metadata"]["resourceVersion"] != resource_version:
+            if resource_version and old["metadata"]["resourceVersion"] != resource_version:
                 raise Conflict(f"node {name} changed meanwhile (409)")
-            self._merge(node, annotations)
+            node = copy.deepcopy(old)
+            self._merge(node["metadata"].setdefault("annotations", {}), dict(annotations))
             self._bump(node)
-            snap = copy.deepcopy(node)
-        self._emit("nodes", "MODIFIED", snap)
+            self.nodes[name] = node
+        self._emit("nodes", "MODIFIED", old, node)
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
         with self._lock:
-            pod = self.pods.get((namespace, name))
-            if pod is None:
+            self.calls.append("create binding")
+            old = self.pods.get((namespace, name))
+            if old is None:
                 raise NotFound(f"pod {namespace}/{name} not found")
-            if uid and pod["metadata"].get("uid") not in (None, uid):
+            if uid and old["metadata"].get("uid") not in (None, uid):
                 raise Conflict(f"pod {namespace}/{name} has another UID (409)")
-            if pod.setdefault("spec", {}).get("nodeName"):
+            if (old.get("spec") or {}).get("nodeName"):
                 raise Conflict(f"pod {namespace}/{name} is already assigned to a node (409)")
-            pod["spec"]["nodeName"] = node
+            pod = copy.deepcopy(old)
+            pod.setdefault("spec", {})["nodeName"] = node
             self.bindings.append((namespace, name, node))
             self._bump(pod)
-            snap = copy.deepcopy(pod)
-        self._emit("pods", "MODIFIED", snap)
+            self.pods[(namespace, name)] = pod
+        self._emit("pods", "MODIFIED", old, pod)
+
+    def list_pods_on_node(self, node: str) -> list[Obj]:
+        with self._lock:
+            self.calls.append("list pods")
+            return [
+                copy.deepcopy(p)
+                for p in self.pods.values()
+                if (p.get("spec") or {}).get("nodeName") == node
+            ]
+
+    # -- Listers (the informers' caches) -------------------------------------------------
+
+    def pod(self, namespace: str, name: str) -> Obj | None:
+        return self.pods.get((namespace, name))
+
+    def node(self, name: str) -> Obj | None:
+        return self.nodes.get(name)
+
+    def list_nodes(self) -> list[Obj]:
+        with self._lock:
+            return list(self.nodes.values())
 
     def connect(self, scheduler: Any) -> None:
-        """Feed a Scheduler as its informers would: initial lists, then every change."""
+        """Feed a Scheduler as its informers would: the lists, then every change."""
         with self._lock:
-            nodes = [copy.deepcopy(n) for n in self.nodes.values()]
-            pods = [copy.deepcopy(p) for p in self.pods.values()]
-        scheduler.on_nodes_listed(nodes)
-        scheduler.on_pods_listed(pods)
+            nodes = list(self.nodes.values())
+            pods = list(self.pods.values())
+            quotas = list(self.quotas.values())
+            self._watched.append(scheduler)
+        for q in quotas:
+            scheduler.quota_handlers.on_add(q)
+        for n in nodes:
+            scheduler.node_handlers.on_add(n)
+        for p in pods:
+            scheduler.pod_handlers.on_add(p)
+        scheduler.attach(_Listers(self))
 
-        def watch(kind: str, event: str, obj: dict[str, Any]) -> None:
-            if kind == "nodes":
-                scheduler.on_node_event(event, obj)
-            else:
-                scheduler.on_pod_event(event, obj)
 
-        self.watchers.append(watch)
+class _Listers:
+    def __init__(self, fc: FakeCluster) -> None:
+        self._fc = fc
+
+    def pod(self, namespace: str, name: str) -> Obj | None:
+        return self._fc.pod(namespace, name)
+
+    def node(self, name: str) -> Obj | None:
+        return self._fc.node(name)
+
+    def nodes(self) -> list[Obj]:
+        return self._fc.list_nodes()

@@ -1,169 +1,174 @@
-"""The HTTP routes: /filter, /prioritize, /bind, /webhook, /healthz, /readyz.
+"""The HTTP routes: POST /filter, /bind, /webhook and GET /healthz, /readyz.
 
-Mirrors HAMi ``pkg/scheduler/routes/route.go`` (``PredicateRoute``, ``Bind``,
-``WebHookRoute``, ``HealthzRoute``, ``ReadyzRoute``) and the router of
-``cmd/scheduler/main.go``. Bodies are capped at 1 MB as HAMi does; a body that is not the
-expected JSON gets HTTP 400 with a message, never a crash.
+Mirrors Project-HAMi/HAMi v2.10.0 ``pkg/scheduler/routes/route.go`` (``PredicateRoute``,
+``Bind``, ``WebHookRoute``, ``HealthzRoute``, ``ReadyzRoute``) and the router of
+``cmd/scheduler/main.go``. As upstream:
+- bodies are read up to 1 MB; a body that does not decode is answered **200** with the
+  error in ``Error`` (ExtenderFilterResult / ExtenderBindingResult), never a 4xx;
+- /filter waits until the first node registration pass has finished (``WaitForCacheSync``);
+- /webhook always answers 200 with an AdmissionReview (controller-runtime);
+- /healthz and /readyz answer 200 with an empty body (readyz: leader or not, and without
+  leader election this replica is the leader).
+There is no /prioritize: HAMi decides in Filter. The lab adds the ``Webhook`` call-chain
+step and ``gpulab_``-prefixed request metrics.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gpulab.hami import bind as bind_mod
+from gpulab.hami import filter as filter_mod
 from gpulab.hami import webhook
 from gpulab.hami.metrics import ExtenderMetrics
-from gpulab.hami.scheduler import BadRequest, Scheduler, filter_error
-from gpulab.hami.webhook import ReviewError, WebhookConfig
+from gpulab.hami.scheduler import Scheduler
+from gpulab.hami.webhook import WebhookConfig
 from gpulab.trace import ObjectRef
 
 _log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20
-# Filter waits this long for the caches to sync before answering with an error.
-SYNC_WAIT = 3.0
+# kube-scheduler gives the extender 30s (httpTimeout); upstream waits as long as the
+# request lives.
+SYNC_WAIT = 30.0
 
 
-class _TooLarge(Exception):
+class _Unreadable(Exception):
     pass
 
 
 async def _read_json(request: Request) -> Any:
-    """The body as JSON; _TooLarge beyond 1 MB, BadRequest when not JSON."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise _TooLarge()
+    """The body as JSON; _Unreadable (with Go's wording where it has one) otherwise."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY:
-            raise _TooLarge()
+            raise _Unreadable(f"unexpected EOF (the body is cut at {MAX_BODY} bytes)")
         chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise _Unreadable("EOF")
     try:
-        return json.loads(b"".join(chunks))
+        return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise BadRequest(f"body is not JSON: {str(exc)[:200]}") from exc
+        raise _Unreadable(f"invalid character in JSON: {str(exc)[:200]}") from exc
 
 
 def build_app(
-    scheduler: Scheduler, webhook_cfg: WebhookConfig, metrics: ExtenderMetrics
+    scheduler: Scheduler,
+    webhook_cfg: WebhookConfig,
+    metrics: ExtenderMetrics,
 ) -> Starlette:
-    async def guarded(
-        route: str, request: Request, call: Callable[[Any], Awaitable[Response]]
+    def observe(route: str, start: float, error: bool, outcome: str) -> None:
+        metrics.duration.labels(route, "error" if error else "ok").observe(
+            time.perf_counter() - start
+        )
+        metrics.requests.labels(route, outcome).inc()
+
+    async def extender(
+        request: Request,
+        route: str,
+        call: Callable[[Any], dict[str, Any]],
+        error_body: Callable[[str], Any],
     ) -> Response:
+        start = time.perf_counter()
         try:
             body = await _read_json(request)
-            response = await call(body)
-        except _TooLarge:
-            metrics.requests.labels(route, "bad_request").inc()
-            return JSONResponse({"Error": f"request body exceeds {MAX_BODY} bytes"}, 413)
-        except (BadRequest, ReviewError) as exc:
-            metrics.requests.labels(route, "bad_request").inc()
-            return JSONResponse({"Error": str(exc)}, 400)
-        except RecursionError:
-            metrics.requests.labels(route, "bad_request").inc()
-            return JSONResponse({"Error": "request nests too deeply"}, 400)
+        except _Unreadable as exc:
+            observe(route, start, True, "error")
+            return JSONResponse(error_body(str(exc)))
+        if route == "filter" and not scheduler.synced.is_set():
+            synced = await run_in_threadpool(scheduler.synced.wait, SYNC_WAIT)
+            if not synced:
+                observe(route, start, True, "error")
+                return JSONResponse(
+                    error_body(
+                        f"context cancelled: the node registry did not sync within {SYNC_WAIT:g}s"
+                    )
+                )
+        try:
+            result = await run_in_threadpool(call, body)
         except Exception as exc:  # a bug must cost one request, not the extender
             _log.exception("%s failed", route)
-            metrics.requests.labels(route, "error").inc()
-            return JSONResponse({"Error": f"internal error: {exc}"}, 500)
-        return response
-
-    async def wait_synced() -> bool:
-        deadline = time.monotonic() + SYNC_WAIT
-        while not scheduler.ready():
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
+            observe(route, start, True, "error")
+            return JSONResponse(error_body(f"internal error: {exc}"), 500)
+        kept = result.get("NodeNames") or (result.get("Nodes") or {}).get("items")
+        outcome = "error" if result["Error"] else "ok" if route == "bind" or kept else "rejected"
+        observe(route, start, bool(result["Error"]), outcome)
+        return JSONResponse(result)
 
     async def filter_route(request: Request) -> Response:
-        async def call(body: Any) -> Response:
-            start = time.perf_counter()
-            if not await wait_synced():
-                metrics.requests.labels("filter", "error").inc()
-                return JSONResponse(filter_error("extender caches have not synced yet"))
-            result = await run_in_threadpool(scheduler.filter, body)
-            kept = result["NodeNames"] or (result["Nodes"] or {}).get("items")
-            outcome = "error" if result["Error"] else "ok" if kept else "rejected"
-            label = "error" if result["Error"] else "success"
-            metrics.filter_duration.labels(label).observe(time.perf_counter() - start)
-            metrics.filter_total.labels(label).inc()
-            metrics.requests.labels("filter", outcome).inc()
-            return JSONResponse(result)
-
-        return await guarded("filter", request, call)
-
-    async def prioritize_route(request: Request) -> Response:
-        async def call(body: Any) -> Response:
-            if not await wait_synced():
-                metrics.requests.labels("prioritize", "error").inc()
-                return JSONResponse([])
-            result = await run_in_threadpool(scheduler.prioritize, body)
-            metrics.requests.labels("prioritize", "ok").inc()
-            return JSONResponse(result)
-
-        return await guarded("prioritize", request, call)
+        return await extender(
+            request,
+            "filter",
+            lambda body: filter_mod.filter(scheduler, body),
+            lambda msg: filter_mod.result(error=msg),
+        )
 
     async def bind_route(request: Request) -> Response:
-        async def call(body: Any) -> Response:
-            start = time.perf_counter()
-            result = await run_in_threadpool(scheduler.bind, body)
-            label = "error" if result["Error"] else "success"
-            metrics.bind_duration.labels(label).observe(time.perf_counter() - start)
-            metrics.bind_total.labels(label).inc()
-            metrics.requests.labels("bind", "error" if result["Error"] else "ok").inc()
-            return JSONResponse(result)
-
-        return await guarded("bind", request, call)
+        return await extender(
+            request, "bind", lambda body: bind_mod.bind(scheduler, body), lambda msg: {"Error": msg}
+        )
 
     async def webhook_route(request: Request) -> Response:
-        async def call(body: Any) -> Response:
-            answer, decision = webhook.review(body, webhook_cfg)
-            metrics.requests.labels("webhook", "ok" if decision.allowed else "rejected").inc()
-            if decision.gpu:
-                scheduler.tracer.step(
-                    "Webhook",
-                    _pod_ref(body["request"]),
-                    f"admitted: {len(decision.patch)} patch ops (schedulerName, defaults)"
-                    if decision.allowed
-                    else f"rejected: {decision.message}",
-                    warning=not decision.allowed,
-                    patch=decision.patch,
-                )
-            return JSONResponse(answer)
-
-        return await guarded("webhook", request, call)
+        start = time.perf_counter()
+        try:
+            body = await _read_json(request)
+        except _Unreadable:
+            body = None
+        answer, decision = webhook.review(body, webhook_cfg, _quota_fit(scheduler))
+        observe(
+            "webhook",
+            start,
+            decision.code >= 400 and decision.code != 403,
+            "ok" if decision.allowed else "rejected",
+        )
+        if decision.gpu:
+            scheduler.events.step(
+                "Webhook",
+                _pod_ref(body["request"]),
+                f"admitted: {len(decision.patch)} patch ops (schedulerName, defaults)"
+                if decision.allowed
+                else f"rejected: {decision.message}",
+                warning=not decision.allowed,
+                patch=decision.patch,
+            )
+        return JSONResponse(answer)
 
     async def healthz(_: Request) -> Response:
-        return PlainTextResponse("ok")
+        return Response(status_code=200)
 
     async def readyz(_: Request) -> Response:
-        if scheduler.ready():
-            return PlainTextResponse("ok")
-        return PlainTextResponse("node and pod caches not synced yet", 503)
+        return Response(status_code=200)
 
     return Starlette(
         routes=[
             Route("/filter", filter_route, methods=["POST"]),
-            Route("/prioritize", prioritize_route, methods=["POST"]),
             Route("/bind", bind_route, methods=["POST"]),
             Route("/webhook", webhook_route, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
         ]
     )
+
+
+def _quota_fit(scheduler: Scheduler) -> webhook.QuotaFit:
+    def fits(namespace: str, mem: int, cores: int) -> bool:
+        with scheduler.lock:
+            return scheduler.quotas.fits(namespace, mem, cores)
+
+    return fits
 
 
 def _pod_ref(req: dict[str, Any]) -> ObjectRef:

@@ -1,61 +1,169 @@
-"""Per-card fit and node/card scoring with the binpack and spread policies.
+"""Fit and score one pod on one node's cards, and pick the node: the pure heart of Filter.
 
-Mirrors HAMi ``pkg/scheduler/score.go`` (``fitInDevices``, ``calcScore``),
-``pkg/scheduler/policy/{gpu,node}_policy.go`` (``ComputeScore``, the sort orders) and the
-card checks of ``pkg/device/nvidia/fit_checks.go`` / ``Fit``. Pure: no I/O, no clock.
+Mirrors Project-HAMi/HAMi v2.10.0:
+- ``pkg/scheduler/score.go`` (``scoreNode``, ``allocateInitContainers``,
+  ``allocateAppContainers``, ``fitInDevices``) → :func:`fit_node`, :func:`fit_in_devices`;
+- ``pkg/device/nvidia/device.go`` ``Fit`` (the card checks in upstream's order, the
+  ``topology-aware`` pick via ``computeWorstSingleCard`` / ``computeBestCombination``)
+  → :func:`fit_cards`;
+- ``pkg/scheduler/policy/gpu_policy.go`` (``ComputeScore``, ``DeviceUsageList.Less`` with
+  ``binpack``, ``spread``, ``mutex``, ``numa``, ``topology-aware`` and comma chains)
+  → :func:`card_score`, :func:`order_cards`;
+- ``pkg/scheduler/policy/node_policy.go`` (``ComputeDefaultScore``, ``NodeScoreList``)
+  → :func:`node_score`, :func:`pick_node`;
+- ``pkg/util/device_scoring_weights.go`` → :func:`parse_weights`;
+- ``pkg/device/common/common.go`` (reason names, ``GenReason``).
 
-Scores are HAMi's: ``10 * (used/count + usedcores/totalcore + usedmem/totalmem)``, so 0
-is an idle card or node and 30 a full one. Binpack prefers the highest score (the fullest),
-spread the lowest.
+Scores are HAMi's: ``10 * (used/count + usedcores/totalcore + usedmem/totalmem)`` (weighted
+by ``hami.io/device-scoring-weights``), 0 for an idle card or node, 30 for a full one.
+Binpack walks the fullest card first, spread the emptiest. Go sorts these lists with an
+unstable sort; here ties go to the lowest card index and, for nodes, the first name, so a
+run can be reproduced. Scores are float64 here, float32 upstream.
+No I/O, no clock: everything the decision needs comes in as arguments.
 """
 
 from __future__ import annotations
 
-import copy
+import itertools
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpulab.hami import device
-from gpulab.hami.annotations import ContainerDevice
-from gpulab.hami.device import ContainerRequest
+from gpulab.hami.annotations import DEVICE_TYPE, ContainerDevice
+from gpulab.hami.device import CardFilter, ContainerRequest
 
 BINPACK = "binpack"
 SPREAD = "spread"
-POLICIES = (BINPACK, SPREAD)
+TOPOLOGY = "topology-aware"
+MUTEX = "mutex"
+NUMA = "numa"
+NODE_POLICIES = (BINPACK, SPREAD)
+GPU_POLICIES = (BINPACK, SPREAD, TOPOLOGY, MUTEX, NUMA)
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
+WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
 WEIGHT = 10
+MIG_MODE = "mig"
 
-# Reason names from HAMi pkg/device/common.
-CARD_NOT_HEALTH = "CardNotHealth"
+# Reason names from pkg/device/common (note the spelling of CardUuidMismatch).
 CARD_TYPE_MISMATCH = "CardTypeMismatch"
-CARD_UUID_MISMATCH = "CardUUIDMismatch"
+CARD_UUID_MISMATCH = "CardUuidMismatch"
 CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
+CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
 CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
 CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
+CARD_NOT_HEALTH = "CardNotHealth"
+CARD_CORDONED = "CardCordoned"
+NUMA_NOT_FIT = "NumaNotFit"
 EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
-CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
 NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
+RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
 NODE_UNREGISTERED = "node unregistered"
 
 
-@dataclass
-class DeviceUsage:
-    """One card as the scheduler sees it: capacity from the node, usage from pods."""
+class PolicyError(ValueError):
+    """A policy or weights annotation this release does not know; the message says why."""
 
-    id: str
-    index: int
-    type: str
-    count: int  # how many pods may share it (split count)
-    totalmem: int  # MiB
-    totalcore: int  # %
-    numa: int = 0
-    mode: str = "hami-core"
-    health: bool = True
-    used: int = 0
-    usedmem: int = 0
-    usedcores: int = 0
+
+class CardUsage:
+    """One card as the scheduler sees it (``DeviceUsage``): capacity from the node's
+    registration, usage from the pods that hold it."""
+
+    __slots__ = (
+        "count",
+        "health",
+        "id",
+        "index",
+        "mode",
+        "numa",
+        "totalcore",
+        "totalmem",
+        "type",
+        "used",
+        "usedcores",
+        "usedmem",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        index: int,
+        type: str,
+        count: int,
+        totalmem: int,
+        totalcore: int,
+        numa: int = 0,
+        mode: str = "hami-core",
+        health: bool = True,
+        used: int = 0,
+        usedmem: int = 0,
+        usedcores: int = 0,
+    ) -> None:
+        self.id, self.index, self.type, self.count = id, index, type, count
+        self.totalmem, self.totalcore, self.numa, self.mode = totalmem, totalcore, numa, mode
+        self.health, self.used, self.usedmem, self.usedcores = health, used, usedmem, usedcores
+
+    def copy(self) -> CardUsage:
+        return CardUsage(
+            self.id,
+            self.index,
+            self.type,
+            self.count,
+            self.totalmem,
+            self.totalcore,
+            self.numa,
+            self.mode,
+            self.health,
+            self.used,
+            self.usedmem,
+            self.usedcores,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"CardUsage({self.id}, used={self.used}/{self.count}, "
+            f"mem={self.usedmem}/{self.totalmem}, cores={self.usedcores}/{self.totalcore})"
+        )
+
+
+@dataclass(frozen=True)
+class Weights:
+    """``DeviceScoringWeights`` (slot, core, memory)."""
+
+    slot: int = 1
+    core: int = 1
+    memory: int = 1
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Everything Filter derives from the pod once per request (hashable: a cache key)."""
+
+    gpu_policy: str = SPREAD
+    node_policy: str = BINPACK
+    weights: Weights = field(default_factory=Weights)
+    cards: CardFilter = field(default_factory=CardFilter)
+
+    @property
+    def topology(self) -> bool:
+        return _contains(self.gpu_policy, TOPOLOGY)
+
+    @property
+    def mutex(self) -> bool:
+        return _contains(self.gpu_policy, MUTEX)
+
+
+@dataclass(frozen=True)
+class NodeExtras:
+    """Per-node facts from its registration that Fit reads besides the cards."""
+
+    cordoned: frozenset[str] = frozenset()  # hami.io/device-cordon
+    pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+# A quota check: (memory MiB, cores %) the pod would hold in its namespace → fits?
+QuotaCheck = Callable[[int, int], bool]
 
 
 @dataclass
@@ -69,155 +177,355 @@ class NodeResult:
     devices: list[list[ContainerDevice]] = field(default_factory=list)
 
 
-def resolve_policy(annos: Mapping[str, str], key: str, default: str) -> str:
-    """Per-pod override when it names a known policy; otherwise the configured one."""
-    value = annos.get(key, "").strip()
-    return value if value in POLICIES else default
+def _contains(policy: str, name: str) -> bool:
+    """``util.PolicyContains``: a comma list names ``name``."""
+    return any(p.strip() == name for p in policy.split(","))
 
 
-def card_score(d: DeviceUsage, reqs: Sequence[ContainerRequest]) -> float:
-    """``DeviceListsScore.ComputeScore``: how full the card is once this pod is on it."""
-    nums = sum(r.nums for r in reqs)
-    cores = sum(r.coresreq for r in reqs)
-    mem = sum(r.memory_on(d.totalmem) for r in reqs)
-    return WEIGHT * (
-        _ratio(nums + d.used, d.count)
-        + _ratio(cores + d.usedcores, d.totalcore)
-        + _ratio(mem + d.usedmem, d.totalmem)
-    )
+def validate_gpu_policy(value: str, source: str) -> str:
+    """Every comma-separated item must be one of the release's GPU policies."""
+    items = [p.strip() for p in value.split(",")]
+    unknown = [p for p in items if p not in GPU_POLICIES]
+    if unknown:
+        raise PolicyError(
+            f"unknown {source} {value!r}: use {', '.join(GPU_POLICIES)} "
+            "(comma-separated to chain, e.g. binpack,numa)"
+        )
+    return value
 
 
-def node_score(devices: Sequence[DeviceUsage]) -> float:
-    """``NodeScore.ComputeScore`` over the node's usage before this pod (ComputeDefaultScore)."""
-    return WEIGHT * (
-        _ratio(sum(d.used for d in devices), sum(d.count for d in devices))
-        + _ratio(sum(d.usedcores for d in devices), sum(d.totalcore for d in devices))
-        + _ratio(sum(d.usedmem for d in devices), sum(d.totalmem for d in devices))
+def validate_node_policy(value: str, source: str) -> str:
+    if value not in NODE_POLICIES:
+        raise PolicyError(f"unknown {source} {value!r}: use binpack or spread")
+    return value
+
+
+def parse_weights(value: str | None) -> Weights:
+    """``ParseDeviceScoringWeights``: "slot=1,core=1,memory=3", all three, not all zero."""
+    if value is None:
+        return Weights()
+    where = f"invalid {WEIGHTS_ANNOTATION} annotation {value!r}"
+    parts = value.split(",")
+    if len(parts) != 3:
+        raise PolicyError(f"{where}: expected slot, core, and memory weights")
+    seen: dict[str, int] = {}
+    for part in parts:
+        key, sep, raw = part.strip().partition("=")
+        key = key.strip()
+        if not sep:
+            raise PolicyError(f"{where}: expected key=value entries")
+        if key in seen:
+            raise PolicyError(f"{where}: duplicate {key!r} weight")
+        try:
+            weight = int(raw.strip())
+        except ValueError as exc:
+            raise PolicyError(f"{where}: {key!r} weight must be an integer") from exc
+        if weight < 0:
+            raise PolicyError(f"{where}: {key!r} weight must not be negative")
+        if key not in ("slot", "core", "memory"):
+            raise PolicyError(f"{where}: unknown weight {key!r}")
+        seen[key] = weight
+    if not any(seen.values()):
+        raise PolicyError(f"{where}: at least one weight must be positive")
+    return Weights(seen["slot"], seen["core"], seen["memory"])
+
+
+def options_for(annos: Mapping[str, str], node_default: str, gpu_default: str) -> FitOptions:
+    """The pod's policies (annotation over flag), weights and card filters."""
+    node_policy = annos.get(NODE_POLICY_ANNOTATION, node_default)
+    gpu_policy = annos.get(GPU_POLICY_ANNOTATION, gpu_default)
+    return FitOptions(
+        gpu_policy=validate_gpu_policy(gpu_policy, GPU_POLICY_ANNOTATION),
+        node_policy=validate_node_policy(node_policy, NODE_POLICY_ANNOTATION),
+        weights=parse_weights(annos.get(WEIGHTS_ANNOTATION)),
+        cards=CardFilter.of(annos),
     )
 
 
 def _ratio(a: int, b: int) -> float:
-    return a / b if b > 0 else 1.0
+    return a / b
 
 
-def card_reason(d: DeviceUsage, req: ContainerRequest, annos: Mapping[str, str]) -> str:
-    """The first check a card fails for ``req``, in HAMi's order; "" when it fits."""
-    memreq = req.memory_on(d.totalmem)
-    checks = (
-        (not d.health, CARD_NOT_HEALTH),
-        (not device.type_allowed(annos, d.type), CARD_TYPE_MISMATCH),
-        (not device.uuid_allowed(annos, d.id), CARD_UUID_MISMATCH),
-        (d.count <= d.used, CARD_TIME_SLICING_EXHAUSTED),
-        (d.totalmem - d.usedmem < memreq, CARD_INSUFFICIENT_MEMORY),
-        (d.totalcore - d.usedcores < req.coresreq, CARD_INSUFFICIENT_CORE),
-        (
-            d.totalcore == 100 and req.coresreq == 100 and d.used > 0,
-            EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT,
-        ),
-        (
-            d.totalcore != 0 and d.usedcores == d.totalcore and req.coresreq == 0,
-            CARD_COMPUTE_UNITS_EXHAUSTED,
-        ),
+def card_score(d: CardUsage, req: ContainerRequest, w: Weights) -> float:
+    """``DeviceListsScore.ComputeScore``. Upstream counts the request only when its type
+    ("NVIDIA") equals the card's type (a model name such as "NVIDIA A100-SXM4-40GB"), so
+    in practice the score is the card's current usage; the lab keeps that comparison."""
+    if d.count == 0 or d.totalcore == 0 or d.totalmem == 0:
+        return 0.0
+    request = core = mem = 0
+    if req.type == d.type:
+        request, core = 1, req.coresreq
+        if req.mem_percentage not in (0, 101):
+            mem = d.totalmem * req.mem_percentage // 100
+        else:
+            mem = req.memreq
+    return WEIGHT * (
+        w.slot * _ratio(request + d.used, d.count)
+        + w.core * _ratio(core + d.usedcores, d.totalcore)
+        + w.memory * _ratio(mem + d.usedmem, d.totalmem)
     )
-    return next((reason for failed, reason in checks if failed), "")
+
+
+def node_score(cards: Sequence[CardUsage]) -> float:
+    """``NodeScore.ComputeDefaultScore``: the node's usage before this pod."""
+    total = sum(c.count for c in cards)
+    total_core = sum(c.totalcore for c in cards)
+    total_mem = sum(c.totalmem for c in cards)
+    if total == 0 or total_core == 0 or total_mem == 0:
+        return 0.0
+    return WEIGHT * (
+        sum(c.used for c in cards) / total
+        + sum(c.usedcores for c in cards) / total_core
+        + sum(c.usedmem for c in cards) / total_mem
+    )
+
+
+def _chain(policy: str, numa_bind: bool) -> list[str]:
+    chain: list[str] = []
+    for p in policy.split(","):
+        name = p.strip()
+        if name in (BINPACK, SPREAD, NUMA) and name not in chain:
+            chain.append(name)
+    chain = chain or [SPREAD]
+    if numa_bind and chain[0] != NUMA:
+        chain = [NUMA, *(k for k in chain if k != NUMA)]
+    return chain
 
 
 def order_cards(
-    devices: Sequence[DeviceUsage], reqs: Sequence[ContainerRequest], gpu_policy: str
-) -> list[DeviceUsage]:
-    """Cards in the order Fit tries them: binpack fullest first, spread emptiest first.
+    cards: Sequence[CardUsage], scores: Sequence[float], policy: str, numa_bind: bool
+) -> list[int]:
+    """Card positions in ``DeviceUsageList.Less`` order (ascending); Fit walks from the end."""
+    if "," in policy or policy == NUMA:
+        chain = _chain(policy, numa_bind)
 
-    HAMi sorts ascending (binpack) or descending (spread) and walks from the end; ties
-    fall back to the card index so the choice is reproducible.
-    """
-    scored = [(card_score(d, reqs), d) for d in devices]
-    if gpu_policy == BINPACK:
-        scored.sort(key=lambda sd: (-sd[0], sd[1].index))
+        def chained(i: int) -> tuple[float, ...]:
+            c, s = cards[i], scores[i]
+            keys = {BINPACK: s, SPREAD: -s, NUMA: float(c.numa)}
+            return (*(keys[k] for k in chain), float(c.index))
+
+        return sorted(range(len(cards)), key=chained)
+
+    binpack = policy == BINPACK
+    if policy == MUTEX:
+
+        def key(i: int) -> tuple[float, float]:
+            return (-cards[i].used, cards[i].numa)
+    elif numa_bind:
+
+        def key(i: int) -> tuple[float, float]:
+            c = cards[i]
+            return (-c.numa, scores[i]) if binpack else (c.numa, -scores[i])
     else:
-        scored.sort(key=lambda sd: (sd[0], sd[1].index))
-    return [d for _, d in scored]
+
+        def key(i: int) -> tuple[float, float]:
+            return (scores[i] if binpack else -scores[i], cards[i].numa)
+
+    # ties: the lowest card index ends up last, so Fit tries it first
+    by_index = sorted(range(len(cards)), key=lambda i: -cards[i].index)
+    return sorted(by_index, key=key)
 
 
-def _summarise(reasons: Counter[str], total: int) -> str:
-    """HAMi's ``GenReason`` shape: "2/4 CardInsufficientMemory, 2/4 CardUUIDMismatch"."""
-    return ", ".join(f"{n}/{total} {r}" for r, n in sorted(reasons.items()))
+def gen_reason(reasons: Counter[str], cards: int) -> str:
+    """``common.GenReason``: "2/4 CardInsufficientMemory, 2/4 CardUuidMismatch"."""
+    return ", ".join(sorted(f"{n}/{cards} {r}" for r, n in reasons.items()))
 
 
-def fit_container(
-    devices: Sequence[DeviceUsage],
+def parse_reason(reason: str) -> dict[str, int]:
+    """``common.ParseReason``: the counts back out of a GenReason string."""
+    out = {}
+    for part in reason.split(", "):
+        count, _, rest = part.partition("/")
+        _, _, key = rest.partition(" ")
+        if count.isdigit() and key and " " not in key:
+            out[key] = int(count)
+    return out
+
+
+def _worst_single(granted: list[ContainerDevice], pairs: Mapping[str, Mapping[str, int]]):
+    """``computeWorstSingleCard``: the card with the weakest links to the others."""
+    best: list[ContainerDevice] = []
+    worst = 0
+    for d1 in granted:
+        total = sum(pairs.get(d1.uuid, {}).get(d2.uuid, 0) for d2 in granted if d2 is not d1)
+        if not best or total < worst:
+            worst, best = total, [d1]
+    return best
+
+
+def _best_combination(
+    granted: list[ContainerDevice], nums: int, pairs: Mapping[str, Mapping[str, int]]
+) -> list[ContainerDevice]:
+    """``computeBestCombination``: the ``nums`` cards with the strongest links."""
+    best: list[ContainerDevice] = []
+    best_score = -1
+    for combo in itertools.combinations(granted, nums):
+        total = sum(
+            pairs.get(a.uuid, {}).get(b.uuid, 0) for a, b in itertools.combinations(combo, 2)
+        )
+        if not best or total > best_score:
+            best_score, best = total, list(combo)
+    return best
+
+
+def fit_cards(
+    devices: Sequence[CardUsage],
     req: ContainerRequest,
-    annos: Mapping[str, str],
-    ordered: Sequence[DeviceUsage],
-) -> tuple[list[ContainerDevice], str]:
-    """``NvidiaGPUDevices.Fit`` for one container: the granted cards, or [] and why not."""
-    if req.nums > len(devices):
-        return [], NODE_INSUFFICIENT_DEVICE
+    opts: FitOptions,
+    extras: NodeExtras,
+    quota: Callable[[list[ContainerDevice], int, int], bool] | None,
+) -> tuple[bool, list[ContainerDevice], str]:
+    """``NvidiaGPUDevices.Fit`` for one container: walk the ordered cards from the end,
+    checking each in upstream's order; (fit, granted, reason)."""
+    nums, coresreq = req.nums, req.coresreq
+    prevnuma = -1
     granted: list[ContainerDevice] = []
     reasons: Counter[str] = Counter()
-    for d in ordered:
-        reason = card_reason(d, req, annos)
-        if reason:
-            reasons[reason] += 1
+    flt, topology, mutex = opts.cards, opts.topology, opts.mutex
+    for dev in reversed(devices):
+        if not dev.health:
+            reasons[CARD_NOT_HEALTH] += 1
             continue
-        granted.append(
-            ContainerDevice(d.id, device.DEVICE_TYPE, req.memory_on(d.totalmem), req.coresreq)
-        )
+        if dev.id in extras.cordoned:
+            reasons[CARD_CORDONED] += 1
+            continue
+        if not flt.type_ok(dev.type, dev.mode):
+            reasons[CARD_TYPE_MISMATCH] += 1
+            continue
+        if flt.numa_bind and prevnuma != dev.numa:
+            if nums != req.nums:
+                reasons[NUMA_NOT_FIT] += len(granted)
+            nums, prevnuma, granted = req.nums, dev.numa, []
+        if not flt.uuid_ok(dev.id):
+            reasons[CARD_UUID_MISMATCH] += 1
+            continue
+        if dev.count <= dev.used:
+            reasons[CARD_TIME_SLICING_EXHAUSTED] += 1
+            continue
+        if mutex and dev.used > 0:
+            reasons[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+            continue
+        coresreq = min(coresreq, 100)
+        memreq = req.memory_on(dev.totalmem)
+        if quota is not None and not quota(granted, memreq, coresreq):
+            reasons[RESOURCE_QUOTA_NOT_FIT] += 1
+            continue
+        if dev.totalmem - dev.usedmem < memreq:
+            reasons[CARD_INSUFFICIENT_MEMORY] += 1
+            continue
+        if dev.totalcore - dev.usedcores < coresreq:
+            reasons[CARD_INSUFFICIENT_CORE] += 1
+            continue
+        if dev.totalcore == 100 and coresreq == 100 and dev.used > 0:
+            reasons[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+            continue
+        if dev.totalcore != 0 and dev.usedcores == dev.totalcore and coresreq == 0:
+            reasons[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
+            continue
+        if nums > 0:
+            if not topology:
+                nums -= 1
+            granted.append(ContainerDevice(dev.id, req.type, memreq, coresreq))
+        if nums == 0 and not topology:
+            return True, granted, ""
+    if topology:
         if len(granted) == req.nums:
-            return granted, ""
-    return [], _summarise(reasons, len(devices)) or NODE_INSUFFICIENT_DEVICE
+            return True, granted, ""
+        if len(granted) > req.nums:
+            if req.nums == 1:
+                return True, _worst_single(granted, extras.pair_scores), ""
+            return True, _best_combination(granted, req.nums, extras.pair_scores), ""
+    if granted:
+        reasons[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(granted)
+    return False, [], gen_reason(reasons, len(devices))
 
 
-def add_usage(devices: Sequence[DeviceUsage], granted: Sequence[ContainerDevice]) -> None:
-    """``AddResourceUsage``: charge granted cards to the usage view."""
-    by_id = {d.id: d for d in devices}
-    for g in granted:
-        d = by_id.get(g.uuid)
-        if d is not None:
-            d.used += 1
-            d.usedmem += g.usedmem
-            d.usedcores += g.usedcores
+def fit_in_devices(
+    work: list[CardUsage],
+    req: ContainerRequest,
+    opts: FitOptions,
+    extras: NodeExtras,
+    quota: Callable[[list[ContainerDevice], int, int], bool] | None,
+) -> tuple[bool, list[ContainerDevice], str]:
+    """``fitInDevices`` for one container: score, order, Fit, then charge ``work``."""
+    scores = [card_score(c, req, opts.weights) for c in work]
+    order = order_cards(work, scores, opts.gpu_policy, opts.cards.numa_bind)
+    wanted = req.type.lower()
+    typed = [work[i] for i in order if wanted in work[i].type.lower()]
+    if req.nums > len(typed):
+        return False, [], NODE_INSUFFICIENT_DEVICE
+    fit, granted, reason = fit_cards(typed, req, opts, extras, quota)
+    if not fit:
+        return False, [], reason
+    by_id = {c.id: c for c in work}
+    for g in granted:  # AddResourceUsage
+        card = by_id[g.uuid]
+        card.used += 1
+        card.usedcores += g.usedcores
+        card.usedmem += g.usedmem
+    return True, granted, ""
 
 
-def fit_pod(
+def fit_node(
     node: str,
-    devices: Sequence[DeviceUsage],
+    cards: Sequence[CardUsage],
     reqs: Sequence[ContainerRequest],
-    annos: Mapping[str, str],
-    gpu_policy: str,
+    n_init: int,
+    opts: FitOptions,
+    extras: NodeExtras = NodeExtras(),
+    quota: QuotaCheck | None = None,
 ) -> NodeResult:
-    """Fit every container of a pod on one node's cards (``fitInDevices`` per container).
+    """``scoreNode``: every init container on the node as it is (they run one after the
+    other), then the app containers one after another on a running copy. Devices come
+    back one slot per container, init containers first; the score is the node's usage
+    before this pod. ``cards`` is left untouched."""
+    allocated: list[list[ContainerDevice]] = []
 
-    Works on a copy: the caller's usage view is unchanged. The score is the node's
-    usage before this pod, as HAMi's ComputeDefaultScore.
-    """
-    work = copy.deepcopy(list(devices))
-    per_container: list[list[ContainerDevice]] = []
-    for req in reqs:
+    def quota_for(index: int) -> Callable[[list[ContainerDevice], int, int], bool] | None:
+        if quota is None:
+            return None
+
+        def check(so_far: list[ContainerDevice], mem: int, cores: int) -> bool:
+            pending = [*so_far, ContainerDevice("?", DEVICE_TYPE, mem, cores)]
+            slots = [*allocated, pending]
+            init = [s for i, s in enumerate(slots) if i < n_init]
+            app = [s for i, s in enumerate(slots) if i >= n_init]
+            peak_mem = max((d.usedmem for s in init for d in s), default=0)
+            peak_cores = max((d.usedcores for s in init for d in s), default=0)
+            app_mem = sum(d.usedmem for s in app for d in s)
+            app_cores = sum(d.usedcores for s in app for d in s)
+            return quota(max(peak_mem, app_mem), max(peak_cores, app_cores))
+
+        return check
+
+    for i, req in enumerate(reqs[:n_init]):
         if req.nums == 0:
-            per_container.append([])
+            allocated.append([])
             continue
-        ordered = order_cards(work, [req], gpu_policy)
-        granted, reason = fit_container(work, req, annos, ordered)
-        if not granted:
+        fresh = [c.copy() for c in cards]
+        fit, granted, reason = fit_in_devices(fresh, req, opts, extras, quota_for(i))
+        if not fit:
             return NodeResult(node, fit=False, reason=reason)
-        add_usage(work, granted)
-        per_container.append(granted)
-    return NodeResult(node, fit=True, score=round(node_score(devices), 4), devices=per_container)
+        allocated.append(granted)
+    work = [c.copy() for c in cards]
+    score = node_score(cards)
+    for i, req in enumerate(reqs[n_init:], start=n_init):
+        if req.nums == 0:
+            allocated.append([])
+            continue
+        fit, granted, reason = fit_in_devices(work, req, opts, extras, quota_for(i))
+        if not fit:
+            return NodeResult(node, fit=False, reason=reason)
+        allocated.append(granted)
+    return NodeResult(node, fit=True, score=round(score, 4), devices=allocated)
 
 
 def pick_node(results: Sequence[NodeResult], node_policy: str) -> NodeResult | None:
-    """Binpack takes the highest-scoring fitting node, spread the lowest; ties by name."""
+    """``sort.Sort(nodeScores)`` and take the last: binpack the highest score, spread the
+    lowest; ties go to the first node name."""
     fitting = [r for r in results if r.fit and r.score is not None]
     if not fitting:
         return None
     if node_policy == SPREAD:
         return min(fitting, key=lambda r: (r.score, r.node))
     return min(fitting, key=lambda r: (-(r.score or 0.0), r.node))
-
-
-def extender_score(result: NodeResult, node_policy: str) -> int:
-    """A 0..10 extender priority for a node (HostPriority.Score): 0 when it does not fit."""
-    if not result.fit or result.score is None:
-        return 0
-    fullness = min(max(result.score / (3 * WEIGHT), 0.0), 1.0)
-    return round(10 * (fullness if node_policy == BINPACK else 1.0 - fullness))

@@ -1,9 +1,11 @@
 """Start-up of the extender process, in the order of HAMi's ``start()``.
 
-Mirrors ``cmd/scheduler/main.go``: flags → Kubernetes client → device config → Scheduler →
-``RegisterFromNodeAnnotations`` in the background → informers (wait for sync) → metrics
-server → router → HTTP, or HTTPS with a certificate watcher (``certwatcher``): the
-certificate files are re-read when they change, without a restart.
+Mirrors Project-HAMi/HAMi v2.10.0 ``cmd/scheduler/main.go`` ``start``: Kubernetes client →
+device config (read by ``commands.py``) → ``NewScheduler`` → ``RegisterFromNodeAnnotations``
+in the background → ``sher.Start()`` (informers, wait for sync; the Event recorder) →
+metrics server → router → HTTP, or HTTPS with a certificate watcher (``certwatcher``): the
+certificate files are re-read when they change, without a restart. Leader election and
+``--profiling`` are not part of the lab (one replica, always the leader).
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ from dataclasses import dataclass
 import uvicorn
 from prometheus_client import start_http_server
 
-from gpulab.hami.cluster import KubeCluster
+from gpulab.hami.cluster import ClusterError, KubeCluster, start_informers
+from gpulab.hami.events import ApiSink, EventRecorder, SchedulerEvents
 from gpulab.hami.metrics import ExtenderMetrics
 from gpulab.hami.routes import build_app
 from gpulab.hami.scheduler import Scheduler, SchedulerConfig
 from gpulab.hami.webhook import WebhookConfig
 from gpulab.kube import api_client
-from gpulab.trace import Tracer
 
 _log = logging.getLogger(__name__)
+
+INFORMER_SYNC = 60.0  # seconds to wait for the pod, node and quota informers to list
 
 
 class StartError(RuntimeError):
@@ -44,12 +48,13 @@ class ServerOptions:
     key_file: str | None
     scheduler: SchedulerConfig
     webhook: WebhookConfig
+    legacy_metrics: bool = False
 
 
 def parse_bind(value: str, flag: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise StartError(f"{flag} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+        raise StartError(f"{flag} {value!r}: expected HOST:PORT or :PORT, e.g. 127.0.0.1:8080")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -118,32 +123,25 @@ def _thread(target: object, *args: object, name: str) -> None:
 
 
 def start(opts: ServerOptions) -> None:
-    """Run the extender until interrupted."""
-    http_sock = listen(opts.http_bind, "--http-bind")
+    """Run the extender until interrupted, in the order of ``start()``."""
+    http_sock = listen(opts.http_bind, "--http_bind")
     api = api_client(opts.kubeconfig)
     cluster = KubeCluster(api)
-    tracer = Tracer("hami-scheduler", api)
-    scheduler = Scheduler(cluster, opts.scheduler, tracer)
     stop = threading.Event()
+    recorder = EventRecorder(ApiSink(api), f"hami-scheduler-{socket.gethostname()}")
+    recorder.start(stop)
+    scheduler = Scheduler(
+        cluster, opts.scheduler, SchedulerEvents(recorder, opts.scheduler.scheduler_name)
+    )
     _thread(scheduler.run_register_loop, stop, name="register-nodes")
-    _thread(
-        cluster.list_and_watch,
-        "nodes",
-        scheduler.on_nodes_listed,
-        scheduler.on_node_event,
-        stop,
-        name="informer-nodes",
-    )
-    _thread(
-        cluster.list_and_watch,
-        "pods",
-        scheduler.on_pods_listed,
-        scheduler.on_pod_event,
-        stop,
-        name="informer-pods",
-    )
+    try:
+        listers, informers = start_informers(api, scheduler, INFORMER_SYNC)
+    except ClusterError as exc:
+        http_sock.close()
+        raise StartError(str(exc)) from exc
+    scheduler.attach(listers)
 
-    metrics = ExtenderMetrics(scheduler)
+    metrics = ExtenderMetrics(scheduler, legacy=opts.legacy_metrics)
     host, port = opts.metrics_bind
     try:
         start_http_server(port, host, registry=metrics.registry)
@@ -151,7 +149,7 @@ def start(opts: ServerOptions) -> None:
         http_sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise StartError(
-                f"metrics port {port} on {host} is already in use: pass --metrics-bind "
+                f"metrics port {port} on {host} is already in use: pass --metrics-bind-address "
                 f"{host}:<free port>"
             ) from exc
         raise StartError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
@@ -183,3 +181,6 @@ def start(opts: ServerOptions) -> None:
         asyncio.run(uvicorn.Server(config).serve(sockets=[http_sock]))
     finally:
         stop.set()
+        scheduler.stop.set()
+        for inf in informers:
+            inf.stop()

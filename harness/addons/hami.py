@@ -58,9 +58,12 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
 
 
 def start_extender(cluster: LocalCluster, port: int, metrics_port: int) -> None:
-    """Start (or restart, after a kill) the extender process on fixed ports, serving a
-    certificate from the cluster CA (the webhook's caBundle and the scheduler trust it)."""
+    """Start (or restart, after a kill) the extender process on fixed ports with the flags
+    of manifests/hami's Deployment, serving a certificate from the cluster CA (the
+    webhook's caBundle and the scheduler trust it)."""
     cert = cluster.issue_serving_cert("hami-scheduler", SERVICE)
+    config = cluster.dir / "hami-device-config.yaml"
+    config.write_text(device_config())
     cluster.start_process(
         EXTENDER,
         [
@@ -68,18 +71,28 @@ def start_extender(cluster: LocalCluster, port: int, metrics_port: int) -> None:
             "extender",
             "--kubeconfig",
             str(cluster.kubeconfig),
-            "--http-bind",
-            f"127.0.0.1:{port}",
-            "--metrics-bind",
-            f"127.0.0.1:{metrics_port}",
-            "--cert-file",
-            str(cert.cert),
-            "--key-file",
-            str(cert.key),
+            f"--http_bind=127.0.0.1:{port}",
+            f"--cert_file={cert.cert}",
+            f"--key_file={cert.key}",
+            f"--scheduler-name={SCHEDULER_NAME}",
+            f"--metrics-bind-address=127.0.0.1:{metrics_port}",
+            "--node-scheduler-policy=binpack",
+            "--gpu-scheduler-policy=spread",
+            f"--device-config-file={config}",
         ],
         ports=[port, metrics_port],
         service=SERVICE,
     )
+
+
+def device_config() -> str:
+    """manifests/hami's hami-scheduler-device ConfigMap, the file the extender reads."""
+    configmap = next(
+        d
+        for d in load_documents([MANIFESTS / "hami" / "device-configmap.yaml"])
+        if d["kind"] == "ConfigMap"
+    )
+    return str(configmap["data"]["device-config.yaml"])
 
 
 def scheduler_config(cluster: LocalCluster, extender_port: int) -> dict[str, Any]:

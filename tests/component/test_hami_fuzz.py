@@ -1,7 +1,9 @@
 """1,200 malformed and hostile bodies to /filter, /bind and /webhook.
 
-Every answer must be a 4xx with a message or a well-formed protocol answer (never a 5xx,
-never a hang), memory stays bounded, and the extender must still schedule afterwards.
+As HAMi v2.10.0 (and controller-runtime for /webhook) does, every answer is HTTP 200 with a
+well-formed protocol answer — the error, if any, in its ``Error`` field or the
+AdmissionReview's status — never a 4xx/5xx, never a hang; memory stays bounded, and the
+extender must still schedule afterwards.
 """
 
 from __future__ import annotations
@@ -105,24 +107,26 @@ def hostile_bind(rng: random.Random) -> Any:
 
 
 def well_formed(route: str, status: int, body: Any) -> bool:
-    if 400 <= status < 500:
-        return route == "/webhook" or (
-            isinstance(body, dict) and isinstance(body.get("Error"), str)
-        )
-    if status != 200:
+    if status != 200 or not isinstance(body, dict):
         return False
     if route == "/filter":
-        return isinstance(body, dict) and set(body) == {
+        return set(body) == {
             "Nodes",
             "NodeNames",
             "FailedNodes",
             "FailedAndUnresolvableNodes",
             "Error",
-        }
+        } and isinstance(body["Error"], str)
     if route == "/bind":
-        return isinstance(body, dict) and set(body) == {"Error"}
-    response = body.get("response") if isinstance(body, dict) else None
+        return set(body) == {"Error"} and isinstance(body["Error"], str)
+    response = body.get("response")
     return isinstance(response, dict) and isinstance(response.get("allowed"), bool)
+
+
+def refused(route: str, body: dict[str, Any]) -> bool:
+    if route == "/webhook":
+        return body["response"]["status"]["code"] == 400
+    return bool(body["Error"])
 
 
 def test_hostile_bodies_never_crash_the_extender(serve: Any) -> None:  # noqa: F811
@@ -131,7 +135,7 @@ def test_hostile_bodies_never_crash_the_extender(serve: Any) -> None:  # noqa: F
     pod = world.add_vgpu_pod("vgpu-a", mem=1000, cores=1)
     review = fixture("admission_review_gpu.json")
     raws = raw_bodies(rng)
-    statuses: dict[int, int] = {}
+    outcomes = {"refused": 0, "answered": 0}
     tracemalloc.start()
     with serve(world.app) as http:
         for i in range(ROUNDS):
@@ -156,19 +160,19 @@ def test_hostile_bodies_never_crash_the_extender(serve: Any) -> None:  # noqa: F
                     content[:300],
                     resp.text[:300],
                 )
-                statuses[resp.status_code] = statuses.get(resp.status_code, 0) + 1
+                outcomes["refused" if refused(route, body) else "answered"] += 1
         grown = tracemalloc.get_traced_memory()[0] - baseline
         tracemalloc.stop()
         # 900 more hostile requests (hundreds of KB each at times) leave nothing behind
         assert grown < 4 << 20, f"memory grew by {grown / 2**20:.1f} MiB"
-        for _ in range(3):  # bodies over the 1 MB limit
+        for _ in range(3):  # bodies over the 1 MB limit: cut, so they do not decode
             resp = http.post("/filter", content=b'{"Pod": "' + b"a" * (1 << 20) + b'"}')
-            assert resp.status_code == 413
+            assert resp.status_code == 200 and "unexpected EOF" in resp.json()["Error"]
         assert http.get("/healthz").status_code == 200
         # Still schedules: a clean pod after the storm gets a node.
         world.cluster.pods.pop(("default", "vgpu-a"))
         clean = world.add_vgpu_pod("after", mem=1000, cores=1)
         result = http.post("/filter", json=filter_args(clean)).json()
         assert result["NodeNames"] and ann.ASSIGNED_NODE in world.annotations("after")
-    assert sum(statuses.values()) >= 1200
-    assert statuses.get(400, 0) > 100 and statuses.get(200, 0) > 100  # both paths exercised
+    assert sum(outcomes.values()) >= 1200
+    assert outcomes["refused"] > 100 and outcomes["answered"] > 100  # both paths exercised

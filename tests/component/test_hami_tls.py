@@ -1,21 +1,24 @@
-"""HTTPS with a certificate that is re-read when its files change, and start-up errors."""
+"""`gpulab extender` start-up: HTTPS with a certificate re-read when its files change, and
+flags as HAMi v2.10.0 spells them, each bad value one line."""
 
 from __future__ import annotations
 
 import socket
 import ssl
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import uvicorn
 from cryptography import x509
-from test_hami_extender import World
+from test_hami_extender import FIXTURES, World
 
 from gpulab.cli import main
 from gpulab.hami.server import CertReloader
+from gpulab.wait import wait_for
 from harness import pki
+
+CONFIG = f"--device-config-file={FIXTURES / 'device-config.yaml'}"
 
 
 def write_cert(directory: Path) -> tuple[str, str, int]:
@@ -60,8 +63,7 @@ def test_https_serves_the_new_certificate_after_the_files_change(tmp_path: Path)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        while not server.started:
-            time.sleep(0.01)
+        wait_for(lambda: server.started, 10, "uvicorn to start", interval=0.01)
         assert served_serial(port) == first
         assert not reloader.check()  # unchanged files: nothing to do
         _, _, second = write_cert(tmp_path)
@@ -78,15 +80,41 @@ def test_port_in_use_is_one_line_naming_port_and_fix(capsys: pytest.CaptureFixtu
     holder.listen(1)
     port = holder.getsockname()[1]
     try:
-        code = main(["extender", "--http-bind", f"127.0.0.1:{port}"])
+        code = main(["extender", CONFIG, f"--http_bind=127.0.0.1:{port}"])
     finally:
         holder.close()
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.count("\n") == 0
-    assert f"port {port} on 127.0.0.1 is already in use" in err and "--http-bind" in err
+    assert f"port {port} on 127.0.0.1 is already in use" in err and "--http_bind" in err
 
 
-def test_half_given_tls_flags_are_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["extender", "--cert-file", "/nonexistent.crt"]) == 2
-    assert "needs both --cert-file and --key-file" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--cert_file=/nonexistent.crt"], "needs both --cert_file and --key_file"),
+        (["--node-lock-timeout=300"], "--node-lock-timeout '300': missing unit"),
+        (["--node-lock-retry-timeout=soon"], "--node-lock-retry-timeout 'soon': not a Go duration"),
+        (["--gpu-scheduler-policy=topology"], "unknown --gpu-scheduler-policy 'topology'"),
+        (["--node-scheduler-policy=pack"], "unknown --node-scheduler-policy 'pack'"),
+        (["--node-label-selector=gpu"], "--node-label-selector 'gpu': expected key=value"),
+        (["--metrics-bind-address=9395"], "--metrics-bind-address '9395': expected HOST:PORT"),
+    ],
+)
+def test_bad_flag_values_are_one_line(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["extender", CONFIG, *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+
+
+def test_a_missing_device_config_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["extender", f"--device-config-file={tmp_path / 'none.yaml'}"]) == 2
+    assert "--device-config-file" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nvidia:\n  defaultGPUNum: one\n")
+    assert main(["extender", f"--device-config-file={bad}"]) == 2
+    assert "nvidia.defaultGPUNum must be an integer" in capsys.readouterr().err

@@ -1,119 +1,130 @@
-"""HAMi annotation codec (gpulab.hami.annotations) and the plugin's HAMi decisions."""
+"""HAMi annotation codec (gpulab.hami.annotations) and the plugin's HAMi registration and
+pure Allocate helpers (gpulab.deviceplugin.hami), against HAMi v2.10.0."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
+from typing import Any
 
 import pytest
 
 from gpulab.deviceplugin.allocate import AllocationError
 from gpulab.deviceplugin.hami import (
+    HamiRegistrar,
     align_replicas,
     hami_allocation,
     node_devices,
-    pending_pod,
+    pair_scores,
     pop_next,
+    waiting_pod,
 )
 from gpulab.deviceplugin.rm import Device, GPUInfo
 from gpulab.hami import annotations as ha
+from gpulab.hami.fake import FakeCluster
+from gpulab.trace import Tracer
 
 NODE = "n1"
+GPUS = [
+    GPUInfo(0, "GPU-a", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 0, 1, nvlink_peers=(1,)),
+    GPUInfo(1, "GPU-b", "Tesla T4", 15360, (7, 5), 1, None),
+]
 
 
-def test_node_registration_is_hamis_json_device_list() -> None:
-    gpus = [
-        GPUInfo(0, "GPU-a", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 0, 1),
-        GPUInfo(1, "GPU-b", "Tesla T4", 15360, (7, 5), 1, None),
-    ]
-    encoded = ha.encode_node_devices(node_devices(gpus, lambda u: u != "GPU-b", 10))
-    assert json.loads(encoded) == [
-        {"id": "GPU-a", "index": 0, "count": 10, "devmem": 40960, "devcore": 100,
-         "type": "NVIDIA A100-SXM4-40GB", "numa": 1, "health": True, "mode": "hami-core"},
-        {"id": "GPU-b", "index": 1, "count": 10, "devmem": 15360, "devcore": 100,
-         "type": "NVIDIA-Tesla T4", "numa": 0, "health": False, "mode": "hami-core"},
-    ]  # fmt: skip
-    assert ha.decode_node_devices(encoded)[1].type == "NVIDIA-Tesla T4"
-
-
-def test_decoding_hamis_omitempty_output() -> None:
-    # HAMi omits zero values: index 0, numa 0, health false.
-    (dev,) = ha.decode_node_devices('[{"id":"GPU-a","count":10,"devmem":1024,"type":"NVIDIA-x"}]')
-    assert (dev.index, dev.numa, dev.health, dev.devcore) == (0, 0, False, 0)
+def test_registration_is_v2_10_json_with_go_omitempty() -> None:
+    encoded = ha.encode_node_devices(node_devices(GPUS, lambda u: u != "GPU-b", 10))
+    assert encoded == (
+        '[{"id":"GPU-a","count":10,"devmem":40960,"devcore":100,'
+        '"type":"NVIDIA A100-SXM4-40GB","numa":1,"mode":"hami-core","health":true},'
+        '{"id":"GPU-b","index":1,"count":10,"devmem":15360,"devcore":100,'
+        '"type":"NVIDIA-Tesla T4","mode":"hami-core"}]'
+    )
+    back = ha.decode_node_devices(encoded)
+    assert (back[0].index, back[1].numa, back[1].health) == (0, 0, False)
 
 
 @pytest.mark.parametrize(
-    "bad", ["GPU-a,10,1024", "{}", '[{"count": 1}]', '[{"id":"x","count":"a"}]']
+    "bad", ["GPU-a,10,1024,100,NVIDIA,0,true:", "{}", '[{"id":"x","count":"a"}]', "[1]"]
 )
 def test_bad_registrations_are_errors(bad: str) -> None:
     with pytest.raises(ha.AnnotationError):
         ha.decode_node_devices(bad)
 
 
-def test_pod_devices_round_trip_in_hamis_format() -> None:
-    value = "GPU-a,NVIDIA,3000,30:GPU-b,NVIDIA,2000,20:;;GPU-c,NVIDIA,1000,100:;"
-    containers = ha.decode_pod_devices(value)
-    assert [len(c) for c in containers] == [2, 0, 1]
-    assert containers[0][1] == ha.ContainerDevice("GPU-b", "NVIDIA", 2000, 20)
-    assert ha.encode_pod_devices(containers) == value
+def test_pair_scores_add_the_pcie_path_and_nvlinks() -> None:
+    gpus = [
+        GPUInfo(0, "GPU-0", "A100", 1, (8, 0), 0, 0, nvlink_peers=(1,)),
+        GPUInfo(1, "GPU-1", "A100", 1, (8, 0), 1, 0, nvlink_peers=(0,)),
+        GPUInfo(2, "GPU-2", "A100", 1, (8, 0), 2, 1),
+    ]
+    scores = pair_scores(gpus)
+    assert scores["GPU-0"] == {"GPU-1": 120, "GPU-2": 10}
+    assert ha.decode_pair_scores(ha.encode_pair_scores(scores)) == scores
+
+
+def test_register_writes_only_the_registration_and_only_when_it_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fc = FakeCluster()
+    fc.add_node({"metadata": {"name": NODE, "annotations": {}}})
+    healthy = {"GPU-a": True, "GPU-b": True}
+    reg = HamiRegistrar(None, NODE, GPUS, lambda u: healthy[u], 10, Tracer("dp"), cluster=fc)  # type: ignore[arg-type]
+    assert reg.RegisterInAnnotation() is True
+    assert reg.RegisterInAnnotation() is False  # unchanged: no write
+    healthy["GPU-b"] = False
+    assert reg.RegisterInAnnotation() is True
+    annos = fc.nodes[NODE]["metadata"]["annotations"]
+    assert set(annos) == {ha.NODE_REGISTER}  # v2.10 plugins no longer answer the handshake
+    assert fc.calls.count("patch node") == 2
+    monkeypatch.setenv("ENABLE_TOPOLOGY_SCORE", "true")
+    topo = HamiRegistrar(None, NODE, GPUS, lambda u: True, 10, Tracer("dp"), cluster=fc)  # type: ignore[arg-type]
+    topo.RegisterInAnnotation()
+    assert (
+        json.loads(fc.nodes[NODE]["metadata"]["annotations"][ha.NODE_PAIR_SCORE])[0]["uuid"]
+        == "GPU-a"
+    )
+
+
+def test_pod_devices_keep_every_slot_init_first() -> None:
+    value = ";GPU-a,NVIDIA,3000,30:GPU-b,NVIDIA,2000,20:;"
+    slots = ha.decode_pod_devices(value)
+    assert [len(c) for c in slots] == [0, 2, 0]  # the empty init slot and the tail after ';'
+    assert slots[1][1] == ha.ContainerDevice("GPU-b", "NVIDIA", 2000, 20)
+    assert ha.encode_pod_devices(slots) == value + ";"
 
 
 def test_malformed_container_devices_are_errors() -> None:
-    with pytest.raises(ha.AnnotationError, match="needs UUID,type,mem,cores"):
+    with pytest.raises(ha.AnnotationError, match="missing fields"):
         ha.decode_container_devices("GPU-a,NVIDIA,3000:")
     with pytest.raises(ha.AnnotationError, match="non-integer"):
         ha.decode_container_devices("GPU-a,NVIDIA,lots,30:")
 
 
-def test_handshake_values() -> None:
-    when = dt.datetime(2026, 1, 23, 4, 30, 4, 434037, tzinfo=dt.UTC)
-    assert ha.handshake_reported(when) == "Reported 2026-01-23 04:30:04.434037 +0000 UTC"
-    assert ha.handshake_requesting(when) == "Requesting_2026-01-23 04:30:04"
-    assert ha.parse_handshake("Requesting_2026-01-23 04:30:04")[0] == "Requesting"
-    state, stamp = ha.parse_handshake(ha.handshake_reported(when))
-    assert state == "Reported" and stamp == when.replace(microsecond=0)
-
-
-def test_node_lock_round_trip() -> None:
-    when = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
-    value = ha.node_lock_value(when, "default", "p1")
-    assert value == "2026-01-02T03:04:05Z,default,p1"
-    assert ha.parse_node_lock(value) == (when, "default", "p1")
-    with pytest.raises(ha.AnnotationError):
-        ha.parse_node_lock("garbage")
-
-
-def pod(name: str, phase: str = "allocating", node: str = NODE, bind_time: str = "100", **extra):
-    annos = {ha.ASSIGNED_NODE: node, ha.BIND_TIME: bind_time, ha.BIND_PHASE: phase, **extra}
+def pod(name: str, phase: str = "allocating", node: str = NODE, **extra: str) -> dict[str, Any]:
+    annos = {ha.ASSIGNED_NODE: node, ha.BIND_TIME: "100", ha.BIND_PHASE: phase, **extra}
     return {
         "metadata": {"name": name, "namespace": "ns", "annotations": annos},
         "status": {"phase": "Pending"},
     }
 
 
-def test_pending_pod_is_the_oldest_allocating_pod_for_this_node() -> None:
-    pods = [
-        pod("other-node", node="n2", bind_time="1"),
-        pod("done", phase="success", bind_time="2"),
-        pod("newer", bind_time="300"),
-        pod("older", bind_time="200"),
-    ]
-    assert pending_pod(pods, NODE)["metadata"]["name"] == "older"
-    assert pending_pod(pods[:2], NODE) is None
+def test_waiting_pod_fallback() -> None:
+    pods = [pod("other", node="n2"), pod("failed", phase="failed"), pod("mine")]
+    assert waiting_pod(pods, NODE)["metadata"]["name"] == "mine"  # type: ignore[index]
+    assert waiting_pod([pod("half", phase="success")], NODE) is not None
+    done = pod("done")
+    done["status"]["phase"] = "Succeeded"
+    assert waiting_pod([done], NODE) is None
 
 
-def test_success_pod_with_containers_left_is_still_pending() -> None:
-    left = pod("half", phase="success", **{ha.DEVICES_TO_ALLOCATE: ";GPU-a,NVIDIA,1,1:;"})
-    assert pending_pod([left], NODE) is not None
-
-
-def test_pop_next_takes_containers_in_order() -> None:
-    devs = ha.decode_pod_devices("GPU-a,NVIDIA,1,1:;GPU-b,NVIDIA,2,2:;")
-    assert pop_next(devs)[0].uuid == "GPU-a"
-    assert pop_next(devs)[0].uuid == "GPU-b"
-    assert ha.encode_pod_devices(devs) == ";;"
-    with pytest.raises(AllocationError, match="no pending"):
-        pop_next(devs)
+def test_pop_next_takes_the_init_slot_first() -> None:
+    slots = ha.decode_pod_devices("GPU-a,NVIDIA,1,1:;GPU-b,NVIDIA,2,2:;")
+    assert pop_next(slots, 1, 1) == (0, [ha.ContainerDevice("GPU-a", "NVIDIA", 1, 1)])
+    assert pop_next(slots, 1, 1)[0] == 1
+    assert ha.encode_pod_devices(slots) == ";;;"
+    with pytest.raises(AllocationError, match="no pending device allocation found"):
+        pop_next(slots, 1, 1)
+    with pytest.raises(AllocationError, match="out of range"):
+        pop_next(ha.decode_pod_devices(";;GPU-a,NVIDIA,1,1:;"), 0, 1)
 
 
 def test_hami_allocation_envs() -> None:
@@ -125,7 +136,6 @@ def test_hami_allocation_envs() -> None:
         "CUDA_DEVICE_MEMORY_LIMIT_1": "2000m",
         "CUDA_DEVICE_SM_LIMIT": "30",
     }
-    assert [d.host_path for d in alloc.devices][:2] == ["/dev/nvidia0", "/dev/nvidia1"]
     with pytest.raises(AllocationError, match="not on this node: GPU-z"):
         hami_allocation(ha.decode_container_devices("GPU-z,NVIDIA,1,1:"), {})
 
@@ -141,4 +151,4 @@ def test_preferred_replicas_follow_hamis_assignment() -> None:
         "GPU-b::0",
         "GPU-a::1",
     ]
-    assert align_replicas(ctr, ["GPU-b::0", "GPU-b::1"], devices) is None  # GPU-a is full
+    assert align_replicas(ctr, ["GPU-b::0", "GPU-b::1"], devices) is None

@@ -1,18 +1,20 @@
-"""HAMi-mode Allocate against an in-memory API server (gpulab.deviceplugin.hami.HamiAllocator)."""
+"""HAMi-mode Allocate (gpulab.deviceplugin.hami.HamiAllocator) against an in-memory API
+server: the pod the node lock names is allocated container by container (init first), and
+the lock is released only after the last one — or at once when Allocate fails."""
 
 from __future__ import annotations
 
 import io
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from gpulab.deviceplugin.allocate import AllocationError
 from gpulab.deviceplugin.hami import HamiAllocator
 from gpulab.deviceplugin.rm import Device
 from gpulab.hami import annotations as ha
+from gpulab.hami import nodelock
+from gpulab.hami.fake import FakeCluster
 from gpulab.trace import Tracer
 
 NODE = "n1"
@@ -23,83 +25,107 @@ DEVICES = {
 }
 
 
-class FakeCore:
-    """The CoreV1Api calls HamiAllocator makes, over one node and its pods (JSON dicts)."""
-
-    api_client = client.ApiClient()
-
-    def __init__(self, pods: list[dict[str, Any]], lock: str | None) -> None:
-        self.pods = {p["metadata"]["name"]: p for p in pods}
-        self.node_annotations = {ha.NODE_LOCK: lock} if lock else {}
-
-    def list_pod_for_all_namespaces(self, field_selector: str) -> SimpleNamespace:
-        assert field_selector == f"spec.nodeName={NODE}"
-        return SimpleNamespace(items=list(self.pods.values()))
-
-    def patch_namespaced_pod(self, name: str, namespace: str, body: dict[str, Any]) -> None:
-        self.pods[name]["metadata"]["annotations"].update(body["metadata"]["annotations"])
-
-    def read_node(self, name: str) -> SimpleNamespace:
-        meta = SimpleNamespace(annotations=dict(self.node_annotations), resource_version="7")
-        return SimpleNamespace(metadata=meta)
-
-    def patch_node(self, name: str, body: dict[str, Any]) -> None:
-        assert body["metadata"]["resourceVersion"] == "7"
-        for k, v in body["metadata"]["annotations"].items():
-            if v is None:
-                self.node_annotations.pop(k, None)
-
-
-def hami_pod(name: str, to_allocate: str) -> dict[str, Any]:
-    annos = {
-        ha.ASSIGNED_NODE: NODE,
-        ha.BIND_TIME: "1700000000",
-        ha.BIND_PHASE: ha.BIND_ALLOCATING,
-        ha.DEVICES_TO_ALLOCATE: to_allocate,
-    }
-    return {
-        "metadata": {"name": name, "namespace": "ns", "annotations": annos},
-        "status": {"phase": "Pending"},
-    }
-
-
-def allocator(core: FakeCore) -> HamiAllocator:
-    return HamiAllocator(core, NODE, Tracer("device-plugin", None, stream=io.StringIO()))  # type: ignore[arg-type]
-
-
-def test_two_containers_allocate_in_turn_then_success_and_lock_released() -> None:
-    core = FakeCore(
-        [hami_pod("p", "GPU-1,NVIDIA,3000,30:;GPU-0,NVIDIA,1000,10:GPU-1,NVIDIA,1000,10:;")],
-        lock="2026-01-01T00:00:00Z,ns,p",
+def world(
+    to_allocate: str, lock_owner: str | None = "p", init: int = 0, app: int = 1
+) -> FakeCluster:
+    fc = FakeCluster()
+    annos = {nodelock.NODE_LOCK_KEY: f"2026-01-01T00:00:00Z,ns,{lock_owner}"} if lock_owner else {}
+    fc.add_node({"metadata": {"name": NODE, "annotations": annos}})
+    fc.add_pod(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "annotations": {
+                    ha.ASSIGNED_NODE: NODE,
+                    ha.BIND_TIME: "1700000000",
+                    ha.BIND_PHASE: ha.BIND_ALLOCATING,
+                    ha.DEVICES_TO_ALLOCATE: to_allocate,
+                    ha.DEVICES_ALLOCATED: to_allocate,
+                },
+            },
+            "spec": {
+                "nodeName": NODE,
+                "initContainers": [{"name": f"init-{i}"} for i in range(init)],
+                "containers": [{"name": f"app-{i}"} for i in range(app)],
+            },
+            "status": {"phase": "Pending"},
+        }
     )
-    alloc = allocator(core)
+    return fc
+
+
+def allocator(fc: FakeCluster, log: io.StringIO | None = None) -> HamiAllocator:
+    return HamiAllocator(
+        None, NODE, Tracer("device-plugin", None, stream=log or io.StringIO()), cluster=fc
+    )  # type: ignore[arg-type]
+
+
+def annos(fc: FakeCluster) -> dict[str, Any]:
+    return fc.pods[("ns", "p")]["metadata"]["annotations"]
+
+
+def lock(fc: FakeCluster) -> str | None:
+    return fc.nodes[NODE]["metadata"].get("annotations", {}).get(nodelock.NODE_LOCK_KEY)
+
+
+def test_init_container_first_and_the_lock_released_after_the_last_container() -> None:
+    fc = world("GPU-1,NVIDIA,3000,30:;GPU-0,NVIDIA,1000,10:GPU-1,NVIDIA,1000,10:;", init=1, app=1)
+    log = io.StringIO()
+    alloc = allocator(fc, log)
     assert alloc.prefer(list(DEVICES), [], 1, DEVICES) == ["GPU-1::0"]
-    (first,) = alloc.allocate([["GPU-1::0"]], DEVICES)
+    (first,) = alloc.allocate([["GPU-1::0"]], DEVICES)  # the init container
     assert first.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
     assert first.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
-    annos = core.pods["p"]["metadata"]["annotations"]
-    assert annos[ha.BIND_PHASE] == ha.BIND_ALLOCATING  # one container still to go
-    assert ha.NODE_LOCK in core.node_annotations
+    assert annos(fc)[ha.BIND_PHASE] == ha.BIND_ALLOCATING
+    assert lock(fc) is not None  # one container still to go: the lock stays
     (second,) = alloc.allocate([["GPU-0::3", "GPU-1::4"]], DEVICES)
     assert second.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
-    assert second.envs["CUDA_DEVICE_SM_LIMIT"] == "10"
-    assert annos[ha.BIND_PHASE] == ha.BIND_SUCCESS
-    assert annos[ha.DEVICES_TO_ALLOCATE] == ";;"
-    assert (
-        annos[ha.DEVICES_ALLOCATED]
-        == "GPU-1,NVIDIA,3000,30:;GPU-0,NVIDIA,1000,10:GPU-1,NVIDIA,1000,10:;"
-    )
-    assert ha.NODE_LOCK not in core.node_annotations
+    assert annos(fc)[ha.BIND_PHASE] == ha.BIND_SUCCESS
+    # every slot erased; each decode/encode round keeps the empty tail slot, as upstream
+    assert annos(fc)[ha.DEVICES_TO_ALLOCATE] == ";;;;"
+    assert lock(fc) is None
+    assert '"step": "ReleaseNodeLock"' in log.getvalue()
 
 
-def test_count_mismatch_fails_the_pod_and_keeps_other_pods_lock() -> None:
-    core = FakeCore([hami_pod("p", "GPU-1,NVIDIA,3000,30:;")], lock="2026-01-01T00:00:00Z,ns,other")
+def test_the_pod_is_found_through_the_lock_even_when_another_waits() -> None:
+    fc = world("GPU-0,NVIDIA,1000,10:;")
+    fc.add_pod({"metadata": {"name": "other", "namespace": "ns", "annotations": {
+        ha.ASSIGNED_NODE: NODE, ha.BIND_TIME: "1", ha.BIND_PHASE: ha.BIND_ALLOCATING,
+        ha.DEVICES_TO_ALLOCATE: "GPU-1,NVIDIA,1,1:;"}}, "spec": {"nodeName": NODE}})  # fmt: skip
+    (only,) = allocator(fc).allocate([["GPU-0::0"]], DEVICES)
+    assert only.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
+    assert "list pods" not in fc.calls
+
+
+def test_without_a_lock_the_waiting_pod_is_searched() -> None:
+    fc = world("GPU-0,NVIDIA,1000,10:;", lock_owner=None)
+    allocator(fc).allocate([["GPU-0::0"]], DEVICES)
+    assert annos(fc)[ha.BIND_PHASE] == ha.BIND_SUCCESS and "list pods" in fc.calls
+
+
+def test_a_failed_allocate_marks_the_pod_failed_and_releases_the_lock() -> None:
+    fc = world("GPU-1,NVIDIA,3000,30:;")
     with pytest.raises(AllocationError, match="device number not matched"):
-        allocator(core).allocate([["GPU-1::0", "GPU-1::1"]], DEVICES)
-    assert core.pods["p"]["metadata"]["annotations"][ha.BIND_PHASE] == ha.BIND_FAILED
-    assert ha.NODE_LOCK in core.node_annotations  # not this pod's lock
+        allocator(fc).allocate([["GPU-1::0", "GPU-1::1"]], DEVICES)
+    assert annos(fc)[ha.BIND_PHASE] == ha.BIND_FAILED
+    assert lock(fc) is None
+
+
+def test_another_pods_lock_and_an_unreadable_lock_are_left_alone() -> None:
+    fc = world("GPU-1,NVIDIA,3000,30:;", lock_owner=None)
+    fc.patch_node_annotations(NODE, {nodelock.NODE_LOCK_KEY: "2026-01-01T00:00:00Z,ns,someone"})
+    with pytest.raises(AllocationError, match="someone"):
+        allocator(fc).allocate([["GPU-1::0"]], DEVICES)  # the lock names a pod that is gone
+    assert lock(fc) == "2026-01-01T00:00:00Z,ns,someone"
+    fc.patch_node_annotations(NODE, {nodelock.NODE_LOCK_KEY: "garbage"})
+    with pytest.raises(AllocationError, match="not an RFC3339 time"):
+        allocator(fc).allocate([["GPU-1::0"]], DEVICES)
+    assert lock(fc) == "garbage"
 
 
 def test_no_pending_pod_is_an_error() -> None:
-    with pytest.raises(AllocationError, match="no pod on n1"):
-        allocator(FakeCore([], None)).allocate([["GPU-0::0"]], DEVICES)
+    fc = FakeCluster()
+    fc.add_node({"metadata": {"name": NODE}})
+    with pytest.raises(AllocationError, match="no binding pod found on node n1"):
+        allocator(fc).allocate([["GPU-0::0"]], DEVICES)

@@ -1,15 +1,19 @@
 """The local backend's HAMi pieces: what HAMi-mode nodes advertise, the hami-scheduler's
-KubeSchedulerConfiguration, the HAMi cluster specs, and Allocate on kwok's Running pods."""
+KubeSchedulerConfiguration, the extender's flags in manifests/hami and the addon, the HAMi
+cluster specs, and Allocate on kwok's Running pods."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
 
-from gpulab.deviceplugin.hami import pending_pod
+from gpulab.cli import build_parser
+from gpulab.deviceplugin.hami import waiting_pod
 from gpulab.hami import annotations as ha
+from gpulab.hami.commands import options
 from harness.addons.device_plugin import expected_resources
-from harness.addons.hami import scheduler_config
+from harness.addons.hami import device_config, scheduler_config
+from harness.apply import MANIFESTS, load_documents
 from harness.spec import DEFAULT_PORTS, load, parse
 
 NODE = "gpu-t4-0"
@@ -58,5 +62,30 @@ def _pod(phase: str) -> dict[str, object]:
 
 
 def test_allocate_finds_a_pod_kwok_already_marked_running_but_not_a_finished_one() -> None:
-    assert pending_pod([_pod("Running")], NODE)["metadata"]["name"] == "Running"  # type: ignore[index]
-    assert pending_pod([_pod("Failed"), _pod("Succeeded")], NODE) is None
+    assert waiting_pod([_pod("Running")], NODE)["metadata"]["name"] == "Running"  # type: ignore[index]
+    assert waiting_pod([_pod("Failed"), _pod("Succeeded")], NODE) is None
+
+
+def test_the_deployments_extender_flags_are_the_releases(tmp_path: Path) -> None:
+    deployment = next(
+        d
+        for d in load_documents([MANIFESTS / "hami" / "deployment.yaml"])
+        if d["kind"] == "Deployment"
+    )
+    ctr = next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"
+    )
+    config = tmp_path / "device-config.yaml"
+    config.write_text(device_config())
+    argv = [
+        a if not a.startswith("--device-config-file") else f"--device-config-file={config}"
+        for a in ctr["command"][1:]
+    ]
+    opts = options(build_parser().parse_args(argv))
+    assert opts.http_bind == ("0.0.0.0", 9443) and opts.metrics_bind == ("0.0.0.0", 9395)
+    assert opts.scheduler.scheduler_name == opts.webhook.scheduler_name == "hami-scheduler"
+    assert (opts.scheduler.node_policy, opts.scheduler.gpu_policy) == ("binpack", "spread")
+    assert opts.scheduler.node_lock_timeout.total_seconds() == 300
+    assert opts.scheduler.node_lock_retry_timeout.total_seconds() == 28
+    nvidia = opts.scheduler.nvidia
+    assert (nvidia.default_gpu_num, nvidia.default_memory, nvidia.default_cores) == (1, 0, 0)

@@ -1,4 +1,5 @@
-"""Node lock (gpulab.hami.nodelock), handshake health and start-up helpers."""
+"""The node lock (gpulab.hami.nodelock), node health (scheduler.check_health) and the
+Go-style flag values, against HAMi v2.10.0's rules."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import socket
 
 import pytest
 
+from gpulab.hami import annotations as ann
 from gpulab.hami import nodelock
+from gpulab.hami.cluster import Conflict
+from gpulab.hami.config import ConfigError, parse_go_duration, parse_string_to_string
 from gpulab.hami.fake import FakeCluster
-from gpulab.hami.scheduler import check_health
+from gpulab.hami.scheduler import Reported, check_health
 from gpulab.hami.server import StartError, listen, parse_bind
 
 NOW = dt.datetime(2026, 11, 29, 9, 0, 0, tzinfo=dt.UTC)
@@ -28,76 +32,148 @@ def lock_of(fc: FakeCluster) -> str | None:
     return fc.nodes["n1"]["metadata"].get("annotations", {}).get(nodelock.NODE_LOCK_KEY)
 
 
-def test_encode_parse_expiry_owner() -> None:
+def take(fc: FakeCluster, pod: str, now: dt.datetime = NOW, **kw: object) -> None:
+    nodelock.lock_node(fc, "n1", "default", pod, now=now, **kw)  # type: ignore[arg-type]
+
+
+def test_lock_value_and_parse() -> None:
     value = nodelock.encode(NOW, "default", "p1")
     assert value == "2026-11-29T09:00:00Z,default,p1"
-    lock = nodelock.parse(value)
-    assert (lock.time, lock.namespace, lock.pod) == (NOW, "default", "p1")
-    assert not nodelock.expired(lock, NOW + dt.timedelta(minutes=5), nodelock.DEFAULT_TIMEOUT)
-    assert nodelock.expired(lock, NOW + dt.timedelta(minutes=6), nodelock.DEFAULT_TIMEOUT)
-    assert nodelock.owned_by(value, "default", "p1")
-    assert not nodelock.owned_by(value, "default", "p")
+    assert ann.parse_node_lock(value) == (NOW, "default", "p1")
+    # the legacy format: a timestamp only, owned by nobody
+    assert ann.parse_node_lock("2026-11-29T09:00:00+08:00")[1:] == ("", "")
+    for bad in ("garbage", "2026-11-29,default,p1", "2026-11-29T09:00:00Z,a,b,c", ""):
+        with pytest.raises(ann.AnnotationError):
+            ann.parse_node_lock(bad)
 
 
-def test_lock_then_second_pod_is_refused_then_release() -> None:
+def test_second_pod_meets_contention_and_the_holder_counts_as_locked() -> None:
     fc = cluster(pods=("p1", "p2"))
-    nodelock.lock_node(fc, "n1", "default", "p1", now=NOW)
+    take(fc, "p1")
     assert lock_of(fc) == "2026-11-29T09:00:00Z,default,p1"
-    with pytest.raises(nodelock.NodeLocked, match="locked by default/p1"):
-        nodelock.lock_node(fc, "n1", "default", "p2", now=NOW + dt.timedelta(seconds=1))
+    with pytest.raises(nodelock.NodeLockContention, match="locked by default/p1"):
+        take(fc, "p2", NOW + dt.timedelta(seconds=1))
+    take(fc, "p1", NOW + dt.timedelta(seconds=2))  # this pod holds it already: taken
     assert not nodelock.release_node_lock(fc, "n1", "default", "p2")  # not the owner
-    assert lock_of(fc) is not None
     assert nodelock.release_node_lock(fc, "n1", "default", "p1")
     assert lock_of(fc) is None
 
 
-def test_stale_dangling_and_garbled_locks_are_replaced() -> None:
-    stale = nodelock.encode(NOW - dt.timedelta(minutes=10), "default", "old")
+def test_expired_and_dangling_locks_are_replaced() -> None:
+    stale = nodelock.encode(NOW - dt.timedelta(minutes=6), "default", "old")
     fc = cluster(lock=stale, pods=("old", "p2"))
-    nodelock.lock_node(fc, "n1", "default", "p2", now=NOW)
+    take(fc, "p2")
     assert nodelock.owned_by(lock_of(fc) or "", "default", "p2")
 
-    dangling = nodelock.encode(NOW, "default", "gone")
-    fc = cluster(lock=dangling, pods=("p2",))
-    nodelock.lock_node(fc, "n1", "default", "p2", now=NOW)
+    fc = cluster(lock=nodelock.encode(NOW, "default", "gone"), pods=("p2",))
+    take(fc, "p2")
     assert nodelock.owned_by(lock_of(fc) or "", "default", "p2")
 
+
+def test_expiry_follows_the_node_lock_timeout() -> None:
+    fc = cluster(
+        lock=nodelock.encode(NOW - dt.timedelta(seconds=90), "default", "old"), pods=("old", "p")
+    )
+    with pytest.raises(nodelock.NodeLockContention):
+        take(fc, "p")  # 90s old: fresh under the default 5m
+    take(fc, "p", timeout=parse_go_duration("1m", "--node-lock-timeout"))
+    assert nodelock.owned_by(lock_of(fc) or "", "default", "p")
+
+
+def test_an_unreadable_lock_is_an_error_not_replaced() -> None:
     fc = cluster(lock="garbage", pods=("p2",))
-    nodelock.lock_node(fc, "n1", "default", "p2", now=NOW)
-    assert nodelock.owned_by(lock_of(fc) or "", "default", "p2")
+    with pytest.raises(nodelock.NodeLockError, match=r"cannot read hami\.io/mutex\.lock"):
+        take(fc, "p2")
+    assert lock_of(fc) == "garbage"
 
 
-def test_lock_uses_compare_and_swap() -> None:
+def test_a_legacy_timestamp_lock_is_honoured_until_it_expires() -> None:
+    fc = cluster(lock=ann.rfc3339(NOW - dt.timedelta(minutes=1)), pods=("p",))
+    with pytest.raises(nodelock.NodeLockContention):
+        take(fc, "p")
+    fc = cluster(lock=ann.rfc3339(NOW - dt.timedelta(minutes=10)), pods=("p",))
+    take(fc, "p")
+    assert nodelock.owned_by(lock_of(fc) or "", "default", "p")
+    # releasing a legacy lock needs no owner
+    fc = cluster(lock=ann.rfc3339(NOW), pods=("p",))
+    assert nodelock.release_node_lock(fc, "n1", "default", "p")
+
+
+def test_taking_is_a_compare_and_swap_retried_on_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
     fc = cluster(pods=("p1",))
-    stale_rv = fc.nodes["n1"]["metadata"]["resourceVersion"]
-    fc.patch_node_annotations("n1", {"other": "x"})
-    with pytest.raises(nodelock.Conflict):
-        fc.patch_node_annotations("n1", {nodelock.NODE_LOCK_KEY: "v"}, resource_version=stale_rv)
-    nodelock.lock_node(fc, "n1", "default", "p1", now=NOW)  # re-reads, so it succeeds
-    assert lock_of(fc) is not None
+    real = fc.patch_node_annotations
+    conflicts = iter([True, True])
+
+    def flaky(name: str, annos: dict, resource_version: str | None = None) -> None:
+        assert resource_version  # every lock write is conditional
+        if next(conflicts, False):
+            raise Conflict("node n1 changed meanwhile (409)")
+        real(name, annos, resource_version)
+
+    monkeypatch.setattr(fc, "patch_node_annotations", flaky)
+    take(fc, "p1")
+    assert nodelock.owned_by(lock_of(fc) or "", "default", "p1")
+    assert fc.calls.count("get node") == 5  # LockNode, SetNodeLock, then a read per try (3)
 
 
-def test_handshake_health() -> None:
+def test_health_follows_allocatable_and_the_requesting_stamp() -> None:
     now = dt.datetime(2026, 11, 29, 9, 0, 0)
-    assert check_health("Reported 2026-11-29 08:00:00 +0000 UTC", now) == (True, True)
-    assert check_health("", now) == (True, True)
-    assert check_health("Requesting_2026-11-29 08:59:30", now) == (True, False)
-    assert check_health("Requesting_2026-11-29 08:58:00", now) == (False, False)
-    assert check_health("Deleted_2026-11-29 08:00:00", now) == (True, False)
+
+    def node(gpus: int, handshake: str | None = None, register: str = "[]") -> dict:
+        annos = {ann.NODE_REGISTER: register}
+        if handshake is not None:
+            annos[ann.NODE_HANDSHAKE] = handshake
+        return {
+            "metadata": {"annotations": annos},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}},
+        }
+
+    res = "nvidia.com/gpu"
+    # first sight: stamp Requesting, register
+    healthy, update, seen, stamp = check_health(node(80), Reported(), res, now)
+    assert (healthy, update, seen) == (True, True, Reported(80, "[]"))
+    assert stamp == "Requesting_2026-11-29 09:00:00"
+    # nothing changed: no re-registration; a stale stamp does not matter while allocatable > 0
+    old = "Requesting_2026-11-29 08:00:00"
+    assert check_health(node(80, old), seen, res, now)[:2] == (True, False)
+    # the register annotation changed: re-register
+    assert check_health(node(80, old, "[{}]"), seen, res, now)[:2] == (True, True)
+    # allocatable dropped to zero: unhealthy at once
+    assert check_health(node(0, old), seen, res, now)[0] is False
+    # no allocatable ever, stamp expired: dead; stamp fresh: alive
+    assert check_health(node(0, old), Reported(), res, now)[:2] == (False, False)
+    fresh = "Requesting_2026-11-29 08:59:30"
+    assert check_health(node(0, fresh), Reported(), res, now)[:2] == (True, False)
+
+
+def test_go_durations_and_string_maps() -> None:
+    assert parse_go_duration("5m", "--x") == dt.timedelta(minutes=5)
+    assert parse_go_duration("1h30m", "--x") == dt.timedelta(minutes=90)
+    assert parse_go_duration("300ms", "--x") == dt.timedelta(milliseconds=300)
+    assert parse_go_duration("0", "--x") == dt.timedelta(0)
+    with pytest.raises(ConfigError, match="--node-lock-timeout '300': missing unit"):
+        parse_go_duration("300", "--node-lock-timeout")
+    for bad in ("5 m", "m", "1x", "", "1.5.3s"):
+        with pytest.raises(ConfigError):
+            parse_go_duration(bad, "--x")
+    assert parse_string_to_string("gpu=on,zone=a", "--s") == {"gpu": "on", "zone": "a"}
+    with pytest.raises(ConfigError):
+        parse_string_to_string("gpu", "--s")
 
 
 def test_bind_address_and_port_in_use() -> None:
-    assert parse_bind("127.0.0.1:8080", "--http-bind") == ("127.0.0.1", 8080)
+    assert parse_bind("127.0.0.1:8080", "--http_bind") == ("127.0.0.1", 8080)
+    assert parse_bind(":9395", "--metrics-bind-address") == ("0.0.0.0", 9395)
     with pytest.raises(StartError, match="HOST:PORT"):
-        parse_bind("8080", "--http-bind")
+        parse_bind("8080", "--http_bind")
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen(1)
     port = holder.getsockname()[1]
     try:
         with pytest.raises(
-            StartError, match=f"port {port} on 127.0.0.1 is already in use.*--http-bind"
+            StartError, match=f"port {port} on 127.0.0.1 is already in use.*--http_bind"
         ):
-            listen(("127.0.0.1", port), "--http-bind")
+            listen(("127.0.0.1", port), "--http_bind")
     finally:
         holder.close()

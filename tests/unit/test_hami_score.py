@@ -1,25 +1,25 @@
-"""Pure fit/score/policy decisions of the HAMi extender (gpulab.hami.score, .device)."""
+"""Fit, score and policy decisions of the extender (gpulab.hami.score, .device, .pods),
+against HAMi v2.10.0's rules."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpulab.hami import score
-from gpulab.hami.device import (
-    ContainerRequest,
-    Defaults,
-    RequestError,
-    container_request,
-    parse_quantity,
-)
-from gpulab.hami.score import DeviceUsage, NodeResult
+from gpulab.hami.annotations import ContainerDevice
+from gpulab.hami.config import NvidiaConfig
+from gpulab.hami.device import CardFilter, ContainerRequest, RequestError, container_request
+from gpulab.hami.pods import Share, app_only_usage, collapse_init_usage
+from gpulab.hami.score import CardUsage, FitOptions, NodeExtras, NodeResult, PolicyError
+
+A100 = "NVIDIA A100-SXM4-40GB"
 
 
-def card(i: int, usedmem: int = 0, used: int = 0, usedcores: int = 0, **kw: object) -> DeviceUsage:
+def card(i: int, usedmem: int = 0, used: int = 0, usedcores: int = 0, **kw: object) -> CardUsage:
     args: dict = {
         "id": f"GPU-{i}",
         "index": i,
-        "type": "NVIDIA A100-SXM4-40GB",
+        "type": A100,
         "count": 10,
         "totalmem": 40960,
         "totalcore": 100,
@@ -28,53 +28,86 @@ def card(i: int, usedmem: int = 0, used: int = 0, usedcores: int = 0, **kw: obje
         "usedcores": usedcores,
     }
     args.update(kw)
-    return DeviceUsage(**args)
+    return CardUsage(**args)
 
 
 def req(nums: int = 1, mem: int = 10000, cores: int = 0, pct: int = 101) -> ContainerRequest:
     return ContainerRequest(nums=nums, memreq=mem, mem_percentage=pct, coresreq=cores)
 
 
+def opts(gpu: str = score.SPREAD, node: str = score.BINPACK, **annos: str) -> FitOptions:
+    return FitOptions(gpu_policy=gpu, node_policy=node, cards=CardFilter.of(annos))
+
+
 def grants(result: NodeResult) -> list[list[str]]:
     return [[g.uuid for g in ctr] for ctr in result.devices]
 
 
-def test_gpu_binpack_and_spread_choose_different_cards() -> None:
+def fit(
+    cards: list[CardUsage], *reqs: ContainerRequest, n_init: int = 0, **kw: object
+) -> NodeResult:
+    return score.fit_node("n", cards, reqs, n_init, **kw)  # type: ignore[arg-type]
+
+
+def test_gpu_binpack_takes_the_fullest_card_and_spread_the_emptiest() -> None:
     cards = [card(0, usedmem=20000, used=1), card(1)]
-    binpack = score.fit_pod("n", cards, [req()], {}, score.BINPACK)
-    spread = score.fit_pod("n", cards, [req()], {}, score.SPREAD)
-    assert grants(binpack) == [["GPU-0"]]  # the fuller card
-    assert grants(spread) == [["GPU-1"]]  # the idle card
+    assert grants(fit(cards, req(), opts=opts(score.BINPACK))) == [["GPU-0"]]
+    assert grants(fit(cards, req(), opts=opts(score.SPREAD))) == [["GPU-1"]]
 
 
-def test_fit_pod_leaves_the_callers_usage_untouched() -> None:
-    cards = [card(0)]
-    score.fit_pod("n", cards, [req()], {}, score.SPREAD)
-    assert cards[0].usedmem == 0 and cards[0].used == 0
+def test_ties_go_to_the_lowest_card_index() -> None:
+    cards = [card(2), card(0), card(1)]
+    assert grants(fit(cards, req(), opts=opts(score.BINPACK))) == [["GPU-0"]]
+    assert grants(fit(cards, req(), opts=opts(score.SPREAD))) == [["GPU-0"]]
 
 
-def test_node_binpack_and_spread_choose_different_nodes() -> None:
-    busy = score.fit_pod(
-        "busy", [card(0, usedmem=30000, used=2, usedcores=50)], [req()], {}, "spread"
+def test_mutex_hands_out_idle_cards_only() -> None:
+    cards = [card(0, used=1, usedmem=1000), card(1)]
+    assert grants(fit(cards, req(), opts=opts(score.MUTEX))) == [["GPU-1"]]
+    busy = fit([card(0, used=1, usedmem=1000)], req(), opts=opts(score.MUTEX))
+    assert busy.reason == f"1/1 {score.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT}"
+
+
+def test_numa_chain_orders_by_its_keys_in_the_order_written() -> None:
+    # Fit walks the sorted list from the end: the last key decides among equals
+    cards = [card(0, numa=0, usedmem=5000, used=1), card(1, numa=1), card(2, numa=0)]
+    assert grants(fit(cards, req(), opts=opts("binpack,numa"))) == [["GPU-0"]]  # fullest
+    assert grants(fit(cards, req(), opts=opts("spread,numa"))) == [["GPU-1"]]  # emptiest, NUMA 1
+    assert grants(fit(cards, req(), opts=opts("numa,binpack"))) == [["GPU-1"]]  # NUMA first
+
+
+def test_numa_bind_keeps_a_multi_gpu_request_on_one_numa_node() -> None:
+    cards = [card(0, numa=0), card(1, numa=1), card(2, numa=1, usedmem=39000)]
+    bound = fit(
+        cards, req(nums=2, mem=3000), opts=opts(score.SPREAD, **{"nvidia.com/numa-bind": "true"})
     )
-    idle = score.fit_pod("idle", [card(0)], [req()], {}, "spread")
-    assert busy.score is not None and idle.score is not None and busy.score > idle.score
-    assert score.pick_node([busy, idle], score.BINPACK).node == "busy"
-    assert score.pick_node([busy, idle], score.SPREAD).node == "idle"
+    assert not bound.fit and "NumaNotFit" in bound.reason
+    free = fit(cards, req(nums=2, mem=3000), opts=opts(score.SPREAD))
+    assert free.fit and sorted(grants(free)[0]) == ["GPU-0", "GPU-1"]
 
 
-def test_pick_node_is_deterministic_on_ties_and_none_without_fit() -> None:
-    a, b = NodeResult("b", True, score=0.0), NodeResult("a", True, score=0.0)
-    assert score.pick_node([a, b], score.BINPACK).node == "a"
-    assert score.pick_node([NodeResult("x", False, reason="r")], score.BINPACK) is None
+def test_topology_aware_picks_the_best_linked_pair_and_the_loneliest_single() -> None:
+    cards = [card(i) for i in range(4)]
+    pairs = {
+        f"GPU-{a}": {f"GPU-{b}": (200 if {a, b} == {1, 2} else 20) for b in range(4) if b != a}
+        for a in range(4)
+    }
+    pairs["GPU-3"] = {f"GPU-{b}": 10 for b in range(3)}
+    for other in range(3):
+        pairs[f"GPU-{other}"]["GPU-3"] = 10
+    extras = NodeExtras(pair_scores=pairs)
+    two = fit(cards, req(nums=2, mem=1000), opts=opts(score.TOPOLOGY), extras=extras)
+    assert sorted(grants(two)[0]) == ["GPU-1", "GPU-2"]
+    one = fit(cards, req(nums=1, mem=1000), opts=opts(score.TOPOLOGY), extras=extras)
+    assert grants(one) == [["GPU-3"]]  # the card with the weakest links to the others
 
 
-def test_pod_that_cannot_fit_says_why() -> None:
-    cards = [card(0, usedmem=35000), card(1, usedmem=36000)]
-    result = score.fit_pod("n", cards, [req(mem=10000)], {}, score.SPREAD)
-    assert not result.fit
-    assert result.reason == "2/2 CardInsufficientMemory"
-    too_many = score.fit_pod("n", cards, [req(nums=3)], {}, score.SPREAD)
+def test_reasons_are_gen_reason_strings_sorted_as_strings() -> None:
+    cards = [card(0, usedmem=35000), card(1, usedmem=36000), card(2, id="GPU-x")]
+    result = fit(cards, req(mem=10000), opts=opts(**{"nvidia.com/nouse-gpuuuid": "GPU-x"}))
+    assert result.reason == "1/3 CardUuidMismatch, 2/3 CardInsufficientMemory"
+    assert score.parse_reason(result.reason) == {"CardUuidMismatch": 1, "CardInsufficientMemory": 2}
+    too_many = fit(cards, req(nums=4), opts=opts())
     assert too_many.reason == score.NODE_INSUFFICIENT_DEVICE
 
 
@@ -86,85 +119,165 @@ def test_pod_that_cannot_fit_says_why() -> None:
         ({"usedcores": 80}, req(cores=30), score.CARD_INSUFFICIENT_CORE),
         ({"used": 1, "usedcores": 10}, req(cores=100), score.CARD_INSUFFICIENT_CORE),
         ({"used": 1}, req(cores=100), score.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT),
+        ({"used": 1}, req(cores=250), score.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT),  # clamped to 100
         ({"used": 2, "usedcores": 100}, req(cores=0), score.CARD_COMPUTE_UNITS_EXHAUSTED),
     ],
 )
 def test_card_checks(cardkw: dict, request_: ContainerRequest, reason: str) -> None:
-    c = card(0)
-    for k, v in cardkw.items():
-        setattr(c, k, v)
-    assert score.card_reason(c, request_, {}) == reason
+    assert fit([card(0, **cardkw)], request_, opts=opts()).reason == f"1/1 {reason}"
 
 
-def test_type_and_uuid_selection_annotations() -> None:
-    cards = [card(0), card(1, type="NVIDIA H100 80GB HBM3")]
-    only_h100 = score.fit_pod("n", cards, [req()], {"nvidia.com/use-gputype": "h100"}, "spread")
-    assert grants(only_h100) == [["GPU-1"]]
-    no_h100 = score.fit_pod("n", cards, [req()], {"nvidia.com/nouse-gputype": "H100"}, "binpack")
-    assert grants(no_h100) == [["GPU-0"]]
-    by_uuid = score.fit_pod("n", cards, [req()], {"nvidia.com/use-gpuuuid": "GPU-1"}, "binpack")
-    assert grants(by_uuid) == [["GPU-1"]]
-    none = score.fit_pod("n", cards, [req()], {"nvidia.com/use-gpuuuid": "GPU-9"}, "binpack")
-    assert not none.fit and "CardUUIDMismatch" in none.reason
-    avoid = score.fit_pod("n", cards, [req()], {"nvidia.com/nouse-gpuuuid": "GPU-0"}, "spread")
-    assert grants(avoid) == [["GPU-1"]]
+def test_cordoned_cards_are_skipped() -> None:
+    extras = NodeExtras(cordoned=frozenset({"GPU-0"}))
+    result = fit([card(0), card(1)], req(), opts=opts(score.BINPACK), extras=extras)
+    assert grants(result) == [["GPU-1"]]
 
 
-def test_multi_gpu_container_and_usage_between_containers() -> None:
+def test_use_and_nouse_lists_both_apply_and_an_empty_value_is_no_constraint() -> None:
+    cards = [card(0), card(1, type="NVIDIA H100 80GB HBM3"), card(2, type="NVIDIA-Tesla T4")]
+    both = opts(
+        score.BINPACK,
+        **{"nvidia.com/use-gputype": "a100,h100", "nvidia.com/nouse-gputype": "a100"},
+    )
+    assert grants(fit(cards, req(), opts=both)) == [["GPU-1"]]
+    uuids = opts(
+        score.BINPACK,
+        **{"nvidia.com/use-gpuuuid": "GPU-0,GPU-1", "nvidia.com/nouse-gpuuuid": "GPU-0"},
+    )
+    assert grants(fit(cards, req(), opts=uuids)) == [["GPU-1"]]
+    empty = opts(score.BINPACK, **{"nvidia.com/use-gpuuuid": " ", "nvidia.com/use-gputype": ""})
+    assert grants(fit(cards, req(), opts=empty)) == [["GPU-0"]]
+    nothing = fit(cards, req(), opts=opts(**{"nvidia.com/use-gpuuuid": "GPU-9"}))
+    assert not nothing.fit and "3/3 CardUuidMismatch" in nothing.reason
+
+
+def test_vgpu_mode_annotation_must_contain_the_cards_mode() -> None:
+    cards = [card(0, mode="hami-core")]
+    assert not fit(cards, req(), opts=opts(**{"nvidia.com/vgpu-mode": "mig"})).fit
+    assert fit(cards, req(), opts=opts(**{"nvidia.com/vgpu-mode": "hami-core"})).fit
+
+
+def test_quota_is_checked_per_card() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def quota(mem: int, cores: int) -> bool:
+        seen.append((mem, cores))
+        return mem <= 5000
+
+    small = fit([card(0)], req(mem=4000, cores=10), opts=opts(), quota=quota)
+    big = fit([card(0)], req(mem=6000, cores=10), opts=opts(), quota=quota)
+    assert small.fit and not big.fit and big.reason == f"1/1 {score.RESOURCE_QUOTA_NOT_FIT}"
+    assert seen == [(4000, 10), (6000, 10)]
+
+
+def test_containers_fit_one_after_another_and_keep_a_slot_each() -> None:
     cards = [card(0), card(1)]
-    two = score.fit_pod("n", cards, [req(nums=2, mem=1000)], {}, score.SPREAD)
-    assert sorted(grants(two)[0]) == ["GPU-0", "GPU-1"]
-    # Two containers of 30000 MiB cannot share one 40960 MiB card: the second moves over.
-    pair = score.fit_pod("n", cards, [req(mem=30000), req(mem=30000)], {}, score.BINPACK)
-    assert pair.fit and grants(pair)[0] != grants(pair)[1]
-    trio = score.fit_pod("n", cards, [req(mem=30000)] * 3, {}, score.BINPACK)
-    assert not trio.fit
+    pair = fit(cards, req(mem=30000), ContainerRequest(0), req(mem=30000), opts=opts(score.BINPACK))
+    assert pair.fit and len(pair.devices) == 3 and pair.devices[1] == []
+    assert grants(pair)[0] != grants(pair)[2]  # two 30000 MiB containers cannot share a card
+    assert not fit(cards, req(mem=30000), req(mem=30000), req(mem=30000), opts=opts()).fit
 
 
-def test_memory_percentage_is_taken_from_each_cards_size() -> None:
-    result = score.fit_pod("n", [card(0)], [req(mem=0, pct=50)], {}, score.SPREAD)
-    assert result.devices[0][0].usedmem == 20480
+def test_init_containers_fit_on_the_node_as_it_is_and_come_first() -> None:
+    # the init container and the app container each need 30000 MiB: they run one after the
+    # other, so one 40960 MiB card holds both; slots: init first
+    cards = [card(0)]
+    result = fit(cards, req(mem=30000), req(mem=30000), n_init=1, opts=opts())
+    assert result.fit and grants(result) == [["GPU-0"], ["GPU-0"]]
+    no_gpu_init = fit(cards, ContainerRequest(0), req(mem=3000, cores=30), n_init=1, opts=opts())
+    from gpulab.hami.annotations import encode_pod_devices
+
+    assert encode_pod_devices(no_gpu_init.devices) == ";GPU-0,NVIDIA,3000,30:;"
+    assert cards[0].usedmem == 0  # the caller's usage is untouched
 
 
-def test_containers_without_gpus_get_an_empty_entry() -> None:
-    result = score.fit_pod("n", [card(0)], [ContainerRequest(0), req()], {}, score.SPREAD)
-    assert grants(result) == [[], ["GPU-0"]]
+def test_init_usage_collapses_to_peak_or_sum_then_shrinks() -> None:
+    init = [ContainerDevice("GPU-0", "NVIDIA", 8000, 50)]
+    app = [ContainerDevice("GPU-0", "NVIDIA", 3000, 20)]
+    app2 = [
+        ContainerDevice("GPU-0", "NVIDIA", 3000, 20),
+        ContainerDevice("GPU-1", "NVIDIA", 1000, 5),
+    ]
+    assert collapse_init_usage([init, app, app2], 1) == [
+        Share("GPU-0", 8000, 50, 2),
+        Share("GPU-1", 1000, 5, 1),
+    ]
+    assert app_only_usage([init, app, app2], 1) == [
+        Share("GPU-0", 6000, 40, 2),
+        Share("GPU-1", 1000, 5, 1),
+    ]
 
 
-def test_policy_overrides_and_invalid_values() -> None:
-    annos = {score.NODE_POLICY_ANNOTATION: "spread", score.GPU_POLICY_ANNOTATION: "topology"}
-    assert score.resolve_policy(annos, score.NODE_POLICY_ANNOTATION, "binpack") == "spread"
-    assert score.resolve_policy(annos, score.GPU_POLICY_ANNOTATION, "spread") == "spread"
-    assert score.resolve_policy({}, score.GPU_POLICY_ANNOTATION, "binpack") == "binpack"
+def test_node_pick_binpack_fullest_spread_emptiest_ties_by_name() -> None:
+    busy = fit([card(0, usedmem=30000, used=2, usedcores=50)], req(), opts=opts())
+    busy.node = "busy"
+    idle = fit([card(0)], req(), opts=opts())
+    idle.node = "idle"
+    assert busy.score and busy.score > (idle.score or 0)
+    assert score.pick_node([busy, idle], score.BINPACK).node == "busy"  # type: ignore[union-attr]
+    assert score.pick_node([busy, idle], score.SPREAD).node == "idle"  # type: ignore[union-attr]
+    a, b = NodeResult("b", True, score=0.0), NodeResult("a", True, score=0.0)
+    assert score.pick_node([a, b], score.BINPACK).node == "a"  # type: ignore[union-attr]
+    assert score.pick_node([NodeResult("x", False, reason="r")], score.BINPACK) is None
 
 
-def test_extender_score_follows_the_node_policy() -> None:
-    full = NodeResult("a", True, score=24.0)
-    empty = NodeResult("b", True, score=0.0)
-    assert score.extender_score(full, "binpack") > score.extender_score(empty, "binpack")
-    assert score.extender_score(full, "spread") < score.extender_score(empty, "spread")
-    assert score.extender_score(NodeResult("c", False), "binpack") == 0
+def test_card_score_counts_the_request_only_for_an_exact_type_match() -> None:
+    # upstream compares the request's type "NVIDIA" with the card's model name
+    w = score.Weights()
+    assert score.card_score(card(0, used=5), req(mem=4096), w) == pytest.approx(5.0)
+    assert score.card_score(card(0, used=5, type="NVIDIA"), req(mem=4096), w) == pytest.approx(7.0)
 
 
-def test_quantities() -> None:
-    assert parse_quantity("3000") == 3000
-    assert parse_quantity("1k") == 1000
-    assert parse_quantity("1Gi") == 2**30
-    for bad in ("1.5", "abc", "", "1Xi", True, None, [1]):
-        with pytest.raises(RequestError):
-            parse_quantity(bad)
+def test_policies_and_weights_are_validated() -> None:
+    annos = {score.NODE_POLICY_ANNOTATION: "spread", score.GPU_POLICY_ANNOTATION: "binpack,numa"}
+    o = score.options_for(annos, "binpack", "spread")
+    assert (o.node_policy, o.gpu_policy) == ("spread", "binpack,numa")
+    with pytest.raises(PolicyError, match=r"unknown hami\.io/gpu-scheduler-policy 'topology'"):
+        score.options_for({score.GPU_POLICY_ANNOTATION: "topology"}, "binpack", "spread")
+    with pytest.raises(PolicyError, match="use binpack or spread"):
+        score.options_for({score.NODE_POLICY_ANNOTATION: "spraed"}, "binpack", "spread")
+    assert score.parse_weights("slot=1, core=2,memory=3") == score.Weights(1, 2, 3)
+    for bad in (
+        "slot=1,core=1",
+        "slot=1,core=1,mem=1",
+        "slot=0,core=0,memory=0",
+        "slot=-1,core=1,memory=1",
+    ):
+        with pytest.raises(PolicyError, match=r"hami\.io/device-scoring-weights"):
+            score.parse_weights(bad)
 
 
-def test_container_request_defaults_like_hami() -> None:
+def test_requests_follow_generate_resource_requests() -> None:
+    cfg = NvidiaConfig()
     limits = {"resources": {"limits": {"nvidia.com/gpu": "2"}}}
-    whole_card = container_request(limits, Defaults())
-    assert (whole_card.nums, whole_card.memreq, whole_card.mem_percentage) == (2, 0, 100)
-    defaulted = container_request(limits, Defaults(mem=3000, cores=20))
+    whole = container_request(limits, cfg)
+    assert (whole.nums, whole.memreq, whole.mem_percentage, whole.coresreq) == (2, 0, 100, 0)
+    defaulted = container_request(limits, NvidiaConfig(default_memory=3000, default_cores=20))
     assert (defaulted.memreq, defaulted.coresreq) == (3000, 20)
-    requests_only = {
-        "resources": {"requests": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "250"}}
-    }
-    assert container_request(requests_only, Defaults()).coresreq == 100  # clamped
-    assert container_request({"resources": {}}, Defaults()).nums == 0
+    # quantities as the API server may rewrite them; "4Gi" MiB does not fit int32: refused
+    assert (
+        container_request(
+            {"resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10k"}}}, cfg
+        ).memreq
+        == 10000
+    )
+    assert (
+        container_request(
+            {"resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4Gi"}}}, cfg
+        ).nums
+        == 0
+    )
+    assert container_request({"resources": {"limits": {"nvidia.com/gpu": "1.5"}}}, cfg).nums == 0
+    pct = container_request(
+        {"resources": {"requests": {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}}},
+        cfg,
+    )
+    assert pct.mem_percentage == 100
+    zero = container_request(
+        {"resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "0"}}}, cfg
+    )
+    assert zero.mem_percentage == 100  # not positive: ignored, then the whole card
     with pytest.raises(RequestError):
-        container_request({"resources": {"limits": ["nvidia.com/gpu"]}}, Defaults())
+        container_request({"resources": {"limits": {"nvidia.com/gpu": "lots"}}}, cfg)
+    with pytest.raises(RequestError):
+        container_request({"resources": {"limits": ["nvidia.com/gpu"]}}, cfg)

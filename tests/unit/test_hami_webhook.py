@@ -1,4 +1,5 @@
-"""Webhook decisions (gpulab.hami.webhook) and the AdmissionReview envelope."""
+"""Webhook decisions (gpulab.hami.webhook) and the AdmissionReview envelope, against HAMi
+v2.10.0 ``Handle`` / NVIDIA ``MutateAdmission`` and controller-runtime's responses."""
 
 from __future__ import annotations
 
@@ -6,17 +7,17 @@ import base64
 import json
 from typing import Any
 
-import pytest
+from gpulab.hami.config import NvidiaConfig
+from gpulab.hami.webhook import WebhookConfig, decide, review
 
-from gpulab.hami.webhook import ReviewError, WebhookConfig, decide, review
-
-CFG = WebhookConfig()
+CFG = WebhookConfig(scheduler_name="hami-scheduler")
 
 
 def pod(
     limits: dict[str, str] | None = None,
     scheduler: str = "default-scheduler",
     privileged: bool = False,
+    init: list[dict[str, Any]] | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
     ctr: dict[str, Any] = {"name": "main", "image": "x"}
@@ -24,10 +25,19 @@ def pod(
         ctr["resources"] = {"limits": limits}
     if privileged:
         ctr["securityContext"] = {"privileged": True}
-    return {
-        "metadata": {"name": "p", "namespace": "default"},
-        "spec": {"schedulerName": scheduler, "containers": [ctr], **spec},
-    }
+    body: dict[str, Any] = {"schedulerName": scheduler, "containers": [ctr], **spec}
+    if init is not None:
+        body["initContainers"] = init
+    return {"metadata": {"name": "p", "namespace": "default"}, "spec": body}
+
+
+def ops(p: dict[str, Any], cfg: WebhookConfig = CFG) -> dict[str, Any]:
+    d = decide(p, cfg)
+    assert d.allowed, d.message
+    return {op["path"]: op.get("value") for op in d.patch}
+
+
+LIMITS = "/spec/containers/0/resources/limits/"
 
 
 def test_pod_without_gpu_passes_unchanged() -> None:
@@ -35,98 +45,137 @@ def test_pod_without_gpu_passes_unchanged() -> None:
     assert d.allowed and d.patch == [] and not d.gpu
 
 
-def test_gpu_pod_gets_hami_scheduler() -> None:
-    d = decide(pod({"nvidia.com/gpu": "1"}), CFG)
-    assert d.allowed
-    assert {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"} in d.patch
+def test_gpumem_without_a_card_count_gets_default_gpu_num_in_limits() -> None:
+    paths = ops(pod({"nvidia.com/gpumem": "3000"}))
+    assert paths[LIMITS + "nvidia.com~1gpu"] == "1"
+    assert not any("/requests" in p for p in paths)  # limits only, as upstream
+    assert paths["/spec/schedulerName"] == "hami-scheduler"
+    none = WebhookConfig(scheduler_name="hami-scheduler", nvidia=NvidiaConfig(default_gpu_num=0))
+    assert decide(pod({"nvidia.com/gpumem": "3000"}), none).patch == []
 
 
-def test_gpu_asked_in_requests_only_counts_too() -> None:
-    p = pod()
-    p["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpucores": "20"}}
-    d = decide(p, WebhookConfig(default_gpu_count=1))
-    assert d.gpu and any(op["path"] == "/spec/schedulerName" for op in d.patch)
+def test_a_card_only_request_gets_the_whole_cards_cores() -> None:
+    assert ops(pod({"nvidia.com/gpu": "1"}))[LIMITS + "nvidia.com~1gpucores"] == "100"
+    whole = ops(pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"}))
+    assert whole[LIMITS + "nvidia.com~1gpucores"] == "100"
+    for given in (
+        {"nvidia.com/gpumem": "3000"},
+        {"nvidia.com/gpumem-percentage": "50"},
+        {"nvidia.com/gpucores": "20"},
+    ):
+        paths = ops(pod({"nvidia.com/gpu": "1", **given}))
+        assert LIMITS + "nvidia.com~1gpucores" not in paths, given
 
 
-def test_other_explicit_scheduler_is_left_alone() -> None:
+def test_env_and_runtime_class_from_the_device_config() -> None:
+    cfg = WebhookConfig(
+        scheduler_name="hami-scheduler",
+        nvidia=NvidiaConfig(
+            gpu_core_policy="force", runtime_class_name="nvidia", overwrite_env=True
+        ),
+    )
+    p = pod({"nvidia.com/gpu": "1", "nvidia.com/priority": "1"}, init=[{"name": "setup"}])
+    paths = ops(p, cfg)
+    assert paths["/spec/runtimeClassName"] == "nvidia"
+    app_env = [
+        op["value"]
+        for op in decide(p, cfg).patch
+        if op["path"].startswith("/spec/containers/0/env")
+    ]
+    assert app_env == [
+        [{"name": "CUDA_TASK_PRIORITY", "value": "1"}],
+        {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+    ]
+    # the init container asks for no GPU: overwriteEnv hides the GPUs from it
+    init_env = [
+        op["value"]
+        for op in decide(p, cfg).patch
+        if op["path"].startswith("/spec/initContainers/0/env")
+    ]
+    assert init_env[-1] == {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}
+    assert "/spec/runtimeClassName" not in ops(
+        pod({"nvidia.com/gpu": "1"}, runtimeClassName="x"), cfg
+    )
+
+
+def test_scheduler_name_rules() -> None:
     d = decide(pod({"nvidia.com/gpu": "1"}, scheduler="volcano"), CFG)
-    assert d.allowed and d.patch == []
-    assert "different scheduler" in d.message
+    assert (
+        d.allowed and d.patch == [] and d.message == "pod already has different scheduler assigned"
+    )
+    assert "/spec/schedulerName" not in ops(
+        pod({"nvidia.com/gpu": "1"}, scheduler="hami-scheduler")
+    )
+    keep = WebhookConfig(scheduler_name="hami-scheduler", force_overwrite_default_scheduler=False)
+    assert decide(pod({"nvidia.com/gpu": "1"}), keep).patch == []
+    # without --scheduler-name the webhook defaults resources but never sets a scheduler
+    assert "/spec/schedulerName" not in ops(pod({"nvidia.com/gpu": "1"}), WebhookConfig())
 
 
-def test_already_hami_scheduler_needs_no_scheduler_patch() -> None:
-    d = decide(pod({"nvidia.com/gpu": "1"}, scheduler="hami-scheduler"), CFG)
-    assert d.allowed and d.patch == []
-
-
-def test_privileged_gpu_container_is_rejected() -> None:
+def test_denials() -> None:
     d = decide(pod({"nvidia.com/gpu": "1"}, privileged=True), CFG)
-    assert not d.allowed and d.message == "container main is privileged"
+    assert not d.allowed and d.code == 403 and d.message == "container main is privileged"
     assert decide(pod({"cpu": "1"}, privileged=True), CFG).allowed
-
-
-def test_gpumem_without_gpu_count_is_rejected_or_defaulted() -> None:
-    d = decide(pod({"nvidia.com/gpumem": "3000"}), CFG)
-    assert not d.allowed and "without nvidia.com/gpu" in d.message
-    d = decide(pod({"nvidia.com/gpumem": "3000"}), WebhookConfig(default_gpu_count=1))
-    assert d.allowed
-    paths = {op["path"]: op.get("value") for op in d.patch}
-    assert paths["/spec/containers/0/resources/limits/nvidia.com~1gpu"] == "1"
-    assert paths["/spec/containers/0/resources/requests/nvidia.com~1gpu"] == "1"
-    assert paths["/spec/containers/0/resources/requests"] == {}  # created before filling
-
-
-def test_defaults_for_memory_and_cores_are_written() -> None:
-    cfg = WebhookConfig(default_mem=2000, default_cores=25)
-    d = decide(pod({"nvidia.com/gpu": "1"}), cfg)
-    values = {op["path"]: op.get("value") for op in d.patch}
-    assert values["/spec/containers/0/resources/limits/nvidia.com~1gpumem"] == "2000"
-    assert values["/spec/containers/0/resources/limits/nvidia.com~1gpucores"] == "25"
-    given = decide(pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}), cfg)
-    assert not any("gpumem" in op["path"] for op in given.patch)
-
-
-def test_pod_with_node_assigned_is_rejected() -> None:
-    d = decide(pod({"nvidia.com/gpu": "1"}, nodeName="n1"), CFG)
-    assert not d.allowed and d.message == "pod has node assigned"
-
-
-def test_pod_without_containers_is_rejected() -> None:
+    assert (
+        decide(pod({"nvidia.com/gpu": "1"}, nodeName="n1"), CFG).message == "pod has node assigned"
+    )
     p = pod()
     p["spec"]["containers"] = []
     assert decide(p, CFG).message == "pod has no containers"
+    bad = decide(pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}), CFG)
+    assert (bad.allowed, bad.code) == (False, 500) and "between 0 and 100" in bad.message
 
 
-def _review(p: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+def test_resource_quota_counts_app_sum_against_init_peak() -> None:
+    asked: list[tuple[str, int, int]] = []
+
+    def fits(ns: str, mem: int, cores: int) -> bool:
+        asked.append((ns, mem, cores))
+        return mem <= 8000
+
+    init = [
+        {"name": "i", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "6000"}}}
+    ]
+    two = pod(
+        {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "10"}, init=init
+    )
+    assert decide(two, CFG, "team-a", fits).allowed
+    assert asked == [("team-a", 6000, 20)]  # max(2x3000, 6000) MiB, max(2x10, 0) cores
+    big = pod({"nvidia.com/gpu": "3", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "10"})
+    d = decide(big, CFG, "team-a", fits)
+    assert not d.allowed and d.message == "exceeding resource quota"
+
+
+def _review(p: Any, uid: str = "u1") -> dict[str, Any]:
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
-        "request": {"uid": "u1", "kind": {"kind": "Pod"}, "operation": operation, "object": p},
+        "request": {"uid": uid, "kind": {"kind": "Pod"}, "operation": "CREATE", "object": p},
     }
 
 
-def test_review_envelope_carries_a_base64_json_patch() -> None:
+def test_review_envelope_as_controller_runtime_writes_it() -> None:
     answer, _ = review(_review(pod({"nvidia.com/gpu": "1"})), CFG)
     resp = answer["response"]
     assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
     assert resp["uid"] == "u1" and resp["allowed"] is True and resp["patchType"] == "JSONPatch"
-    ops = json.loads(base64.b64decode(resp["patch"]))
-    assert ops[-1]["path"] == "/spec/schedulerName"
+    assert resp["status"]["code"] == 200
+    assert json.loads(base64.b64decode(resp["patch"]))[-1]["path"] == "/spec/schedulerName"
+    denied, _ = review(_review(pod({"nvidia.com/gpu": "1"}, privileged=True)), CFG)
+    assert denied["response"]["status"] == {
+        "metadata": {},
+        "code": 403,
+        "reason": "Forbidden",
+        "message": "container main is privileged",
+    }
 
 
-def test_review_denial_has_status_message_and_no_patch() -> None:
-    answer, _ = review(_review(pod({"nvidia.com/gpu": "1"}, privileged=True)), CFG)
-    resp = answer["response"]
-    assert resp["allowed"] is False and "patch" not in resp
-    assert resp["status"]["message"] == "container main is privileged"
-    assert resp["status"]["code"] == 403
-
-
-def test_review_ignores_updates_and_rejects_non_reviews() -> None:
-    answer, _ = review(_review(pod({"nvidia.com/gpu": "1"}), operation="UPDATE"), CFG)
-    assert answer["response"]["allowed"] is True and "patch" not in answer["response"]
-    for bad in ([], {"request": None}, {"request": {"uid": 5}}, "x"):
-        with pytest.raises(ReviewError):
-            review(bad, CFG)
+def test_undecodable_reviews_are_errored_400_never_an_http_error() -> None:
+    for bad in ([], {"request": None}, "x", None):
+        answer, decision = review(bad, CFG)
+        assert decision.code == 400 and answer["response"]["allowed"] is False
+        assert answer["response"]["uid"] == "" and "apiVersion" not in answer
     answer, _ = review(_review({"spec": {"containers": "nope"}}), CFG)
-    assert answer["response"]["allowed"] is False and answer["response"]["status"]["code"] == 400
+    assert answer["response"]["status"]["code"] == 400 and answer["response"]["uid"] == "u1"
+    answer, _ = review(_review({"kind": "Deployment", "spec": {}}), CFG)
+    assert answer["response"]["status"]["code"] == 400
