@@ -1,15 +1,17 @@
-"""Demo `hami`: vGPU sharing with HAMi's scheduler extender.
+"""Demo `hami`: vGPU sharing with HAMi's scheduler extender (as HAMi v2.10.0).
 
 A pod asking for ``nvidia.com/gpu: 1, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 30``
 goes: API server → the extender's mutating webhook (schedulerName ``hami-scheduler``) →
 the second kube-scheduler ``hami-scheduler`` → extender ``/filter`` (one node, one card,
-recorded on the pod) → extender ``/bind`` (node lock, allocation annotations, Binding) →
-the node agent (kubelet's device manager) calls the device plugin's Allocate, which reads
-the annotations, sets the hami-core envs and marks ``hami.io/bind-phase=success``.
+written on the pod: ``FilteringSucceed``) → extender ``/bind`` (takes the node lock
+``hami.io/mutex.lock``, marks the pod allocating, creates the Binding: ``BindingSucceed``)
+→ the node agent (kubelet's device manager) calls the device plugin's Allocate, which
+reads the annotations, sets the hami-core envs, marks ``hami.io/bind-phase=success`` and
+only then releases the node lock. The lock's life is narrated from the node's annotation.
 
 Shown for three pods sharing one GPU (binpack), three pods on three GPUs (spread), and a
-pod no GPU can hold (Pending with the extender's reasons); then the extender's /healthz,
-/readyz and metrics.
+pod no GPU can hold (Pending with the extender's reasons, one aggregated Warning); then the
+extender's /healthz, /readyz and metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import ssl
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -40,6 +44,7 @@ from gpulab.hami import annotations as ha
 from gpulab.hami.commands import explain_rows
 from gpulab.hami.filter import FILTER_RESULT
 from gpulab.hami.score import BINPACK, GPU_POLICY_ANNOTATION, SPREAD
+from gpulab.informer import NODES, ListWatch, follow
 from gpulab.nodeagent.policy import ANNOTATION_PREFIX
 from gpulab.wait import wait_for
 from harness.addons.hami import EXTENDER
@@ -160,6 +165,59 @@ def extender_urls(spec: ClusterSpec) -> tuple[str, str, Path] | None:
 # ------------------------------------------------------------------------- narration
 
 
+class LockWatch:
+    """Narrates ``hami.io/mutex.lock`` as the nodes carry it: taken by Bind, released by the
+    device plugin after Allocate. Keeps (time, node, pod, taken?) for the outcome checks."""
+
+    def __init__(self, api: client.ApiClient, nodes: tuple[str, ...]) -> None:
+        self.api, self.nodes = api, nodes
+        self.seen: list[tuple[float, str, str, bool]] = []
+        self._stop = threading.Event()
+        self._held: dict[str, str] = {}
+
+    def __enter__(self) -> LockWatch:
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        for delta in follow(ListWatch(self.api, NODES), self._stop):
+            name = delta.obj.get("metadata", {}).get("name", "")
+            if name not in self.nodes:
+                continue
+            value = (delta.obj["metadata"].get("annotations") or {}).get(ha.NODE_LOCK)
+            before = self._held.get(name)
+            if value == before:
+                continue
+            now = time.strftime("%H:%M:%S")
+            if before is not None:
+                pod = before.split(",", 1)[-1].replace(",", "/")
+                self.seen.append((time.monotonic(), name, pod, False))
+                console.print(
+                    f"  [dim]{now}[/dim] [bold magenta]{'node ' + name:<22}[/bold magenta] "
+                    f"[bold cyan]{'lock released':<18}[/bold cyan] {ha.NODE_LOCK} of {pod} "
+                    "removed by the device plugin after Allocate"
+                )
+            if value is not None:
+                pod = value.split(",", 1)[-1].replace(",", "/")
+                self.seen.append((time.monotonic(), name, pod, True))
+                console.print(
+                    f"  [dim]{now}[/dim] [bold magenta]{'node ' + name:<22}[/bold magenta] "
+                    f"[bold cyan]{'lock taken':<18}[/bold cyan] {ha.NODE_LOCK}={value} "
+                    "(Bind; held until Allocate)"
+                )
+                self._held[name] = value
+            else:
+                self._held.pop(name, None)
+
+    def lifecycle(self, pod: str) -> tuple[bool, bool]:
+        """(taken, released) for ``namespace/name``."""
+        events = [taken for _, _, p, taken in self.seen if p == pod]
+        return True in events, False in events
+
+
 def _explain(pod: Obj) -> None:
     record = json.loads(annotations(pod)[FILTER_RESULT])
     name = pod["metadata"]["name"]
@@ -186,7 +244,7 @@ def _allocation(pod: Obj) -> None:
             say(f"Allocate ({key.removeprefix(ANNOTATION_PREFIX)}): {shown}")
 
 
-def _scene(api: client.ApiClient, policy: str, names: list[str]) -> list[Obj]:
+def _scene(api: client.ApiClient, policy: str, names: list[str], locks: LockWatch) -> list[Obj]:
     core = client.CoreV1Api(api)
     pods = []
     for name in names:
@@ -195,6 +253,11 @@ def _scene(api: client.ApiClient, policy: str, names: list[str]) -> list[Obj]:
         if created.spec.scheduler_name != "hami-scheduler":
             raise DemoFailed(f"the webhook did not send {name} to hami-scheduler")
         pod = wait_allocated(api, NAMESPACE, name)
+        wait_for(
+            lambda name=name: locks.lifecycle(f"{NAMESPACE}/{name}") == (True, True),
+            20,
+            f"{ha.NODE_LOCK} of {name} to be taken at Bind and released after Allocate",
+        )
         _explain(pod)
         _allocation(pod)
         pods.append(pod)
@@ -218,13 +281,20 @@ def _health_and_metrics(api: client.ApiClient, spec: ClusterSpec, gpu: tuple[str
     lines = [
         line
         for line in text.splitlines()
-        if line.startswith(("hami_scheduler_filter_total", "hami_scheduler_bind_total"))
-        or (line.startswith("GPUDeviceMemoryAllocated{") and uuid in line)
-        or (line.startswith("GPUDeviceSharedNum{") and uuid in line)
+        if line.startswith("gpulab_extender_requests_total")
+        or (line.startswith("hami_gpu_memory_allocated_bytes{") and uuid in line)
+        or (line.startswith("hami_gpu_shared_count{") and uuid in line)
     ]
     for line in lines:
         console.print(f"  [dim]{line}[/dim]")
-    mem = next((float(x.rsplit(" ", 1)[1]) for x in lines if "MemoryAllocated" in x), None)
+    mem = next(
+        (
+            float(x.rsplit(" ", 1)[1])
+            for x in lines
+            if x.startswith("hami_gpu_memory_allocated_bytes{")
+        ),
+        None,
+    )
     # the extender's books against what the pods' annotations say is on that GPU
     pods = api.sanitize_for_serialization(client.CoreV1Api(api).list_pod_for_all_namespaces())
     want = gpu_usage(pods["items"])[gpu][1]
@@ -238,11 +308,12 @@ def run(args: argparse.Namespace) -> int:
         args = argparse.Namespace(**{**vars(args), "spec": SPEC})
     api, spec = ensure_cluster(args, addons=("device-plugin", "hami"))
     chapter(
-        "HAMi - sharing GPUs by memory and cores",
+        "HAMi (v2.10.0) - sharing GPUs by memory and cores",
         "GPU nodes register their cards in hami.io/node-nvidia-register; the extender's\n"
         "webhook sends vGPU pods to kube-scheduler 'hami-scheduler', which asks the\n"
-        "extender to Filter (one node, one card) and Bind; the device plugin's Allocate\n"
-        "turns the pod's annotations into NVIDIA_VISIBLE_DEVICES and hami-core limits.",
+        "extender to Filter (one node, one card) and Bind. Bind takes the node lock\n"
+        "hami.io/mutex.lock; the device plugin's Allocate turns the pod's annotations into\n"
+        "NVIDIA_VISIBLE_DEVICES and hami-core limits, then releases the lock.",
     )
     gpus = registered_gpus(api)
     if not gpus:
@@ -250,11 +321,14 @@ def run(args: argparse.Namespace) -> int:
     say(f"{len(gpus)} GPUs registered for HAMi on {len({n for n, _ in gpus})} nodes")
     fresh_namespace(api, NAMESPACE)
     nodes = tuple(sorted({n for n, _ in gpus}))
-    with LiveTrace(api, NAMESPACE, also=("default",), nodes=nodes) as live:
+    with (
+        LiveTrace(api, NAMESPACE, also=("default",), nodes=nodes) as live,
+        LockWatch(api, nodes) as locks,
+    ):
         console.rule("binpack: three pods, one GPU")
-        packed = _scene(api, BINPACK, ["binpack-1", "binpack-2", "binpack-3"])
+        packed = _scene(api, BINPACK, ["binpack-1", "binpack-2", "binpack-3"], locks)
         console.rule("spread: three pods, three GPUs")
-        spread = _scene(api, SPREAD, ["spread-1", "spread-2", "spread-3"])
+        spread = _scene(api, SPREAD, ["spread-1", "spread-2", "spread-3"], locks)
         console.rule("a pod no GPU can hold")
         say("create too-big: gpumem 50000 MiB (more than any card has)")
         client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, vgpu_pod("too-big", 50000, 10))
@@ -263,7 +337,20 @@ def run(args: argparse.Namespace) -> int:
         )
         pending = read_pod(api, NAMESPACE, "too-big")
         _explain(pending)
-        live.expect({"Webhook", "Filter", "LockNode", "Bind", "Scheduled", "Allocate"})
+        live.expect(
+            {
+                "Webhook",
+                "Filter",
+                "FilteringSucceed",
+                "LockNode",
+                "Bind",
+                "BindingSucceed",
+                "Scheduled",
+                "Allocate",
+                "ReleaseNodeLock",
+                "FilteringFailed",
+            }
+        )
     diagram = getattr(args, "diagram", None)
     if diagram:
         live.write_diagram(Path(diagram))
@@ -285,5 +372,10 @@ def run(args: argparse.Namespace) -> int:
             f"too-big's FailedScheduling does not give the extender's reason: {reason}"
         )
     ok(f"too-big stays Pending: {reason.split('. ')[0]}")
+    ok(
+        f"{ha.NODE_LOCK}: taken at Bind and released after Allocate for each of the six pods "
+        f"({sum(1 for *_, taken in locks.seen if taken)} takes, "
+        f"{sum(1 for *_, taken in locks.seen if not taken)} releases)"
+    )
     _health_and_metrics(api, spec, (node, uuid))
     return 0

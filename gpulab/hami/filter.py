@@ -24,7 +24,8 @@ Lab differences, named: an unknown ``hami.io/gpu-scheduler-policy`` or
 ``node-scheduler-policy`` value is reported as the Filter's ``Error`` (upstream falls back
 to spread/binpack silently); a pod no node fits loses a stale ``hami.io/vgpu-node``
 assignment from an earlier Filter (upstream leaves it, and its next update re-charges it);
-``gpulab.io/filter-result`` (the per-node table `gpulab explain pod` prints) is the lab's.
+``gpulab.io/filter-result`` (the per-node table `gpulab explain pod` prints) is the lab's;
+for a pod no node fits it is written at the first failure and not rewritten at retries.
 """
 
 from __future__ import annotations
@@ -249,9 +250,9 @@ def _no_fit(
     )
     annos = meta(pod).get("annotations") or {}
     stale = {ann.ASSIGNED_NODE, ann.DEVICES_TO_ALLOCATE, ann.DEVICES_ALLOCATED} & set(annos)
-    if not stale and _same_record(annos.get(FILTER_RESULT), record):
-        # an unchanged pod stays in kube-scheduler's unschedulable queue; a patch would
-        # count as an update and send it straight back to Filter
+    if not stale and _failure_recorded(annos.get(FILTER_RESULT)):
+        # the first failure is on record; rewriting it at every retry would count as a pod
+        # update and send the pod straight back to Filter
         return
     patch: dict[str, str | None] = {FILTER_RESULT: record, **dict.fromkeys(stale)}
     try:
@@ -344,18 +345,14 @@ def success_order(fits: list[NodeResult], node_policy: str) -> list[NodeResult]:
     return sorted(by_name, key=lambda r: sign * (r.score or 0.0))
 
 
-def _same_record(old: str | None, new: str) -> bool:
-    """The two records say the same apart from their time."""
+def _failure_recorded(old: str | None) -> bool:
+    """The pod's filter-result already says no node fit."""
     if old is None:
         return False
     try:
-        before = json.loads(old)
-    except json.JSONDecodeError:
+        return json.loads(old).get("chosen", "") is None
+    except (json.JSONDecodeError, AttributeError):
         return False
-    after = json.loads(new)
-    before.pop("time", None)
-    after.pop("time", None)
-    return bool(before == after)
 
 
 def grants_line(devices: Sequence[Sequence[ann.ContainerDevice]]) -> str:

@@ -12,7 +12,7 @@ the GPU nodes (their devices registry comes from the plugins' node annotations).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -57,10 +57,12 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
     )
 
 
-def start_extender(cluster: LocalCluster, port: int, metrics_port: int) -> None:
+def start_extender(
+    cluster: LocalCluster, port: int, metrics_port: int, extra: Sequence[str] = ()
+) -> None:
     """Start (or restart, after a kill) the extender process on fixed ports with the flags
-    of manifests/hami's Deployment, serving a certificate from the cluster CA (the
-    webhook's caBundle and the scheduler trust it)."""
+    of manifests/hami's Deployment (plus ``extra``), serving a certificate from the cluster
+    CA (the webhook's caBundle and the scheduler trust it)."""
     cert = cluster.issue_serving_cert("hami-scheduler", SERVICE)
     config = cluster.dir / "hami-device-config.yaml"
     config.write_text(device_config())
@@ -79,6 +81,7 @@ def start_extender(cluster: LocalCluster, port: int, metrics_port: int) -> None:
             "--node-scheduler-policy=binpack",
             "--gpu-scheduler-policy=spread",
             f"--device-config-file={config}",
+            *extra,
         ],
         ports=[port, metrics_port],
         service=SERVICE,

@@ -14,7 +14,7 @@ from cryptography import x509
 from test_hami_extender import FIXTURES, World
 
 from gpulab.cli import main
-from gpulab.hami.server import CertReloader
+from gpulab.hami.server import CertReloader, listen
 from gpulab.wait import wait_for
 from harness import pki
 
@@ -56,8 +56,7 @@ def test_https_serves_the_new_certificate_after_the_files_change(tmp_path: Path)
     )
     config.load()
     config.ssl = reloader.context  # as server.start does
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = listen(("127.0.0.1", 0), "--http_bind")
     port = sock.getsockname()[1]
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -1,16 +1,19 @@
-"""HAMi end to end on its own cluster (harness/clusters/hami-e2e.yaml): the extender's
-webhook, the real kube-scheduler ``hami-scheduler`` calling /filter and /bind, the node
-agent's Allocate and the device plugin's HAMi Allocate, on kwok nodes whose GPUs come from
-the NVML shim. Placements are checked by node and GPU UUID.
+"""HAMi (v2.10.0) end to end on its own cluster (harness/clusters/hami-e2e.yaml): the
+extender's webhook, the real kube-scheduler ``hami-scheduler`` calling /filter and /bind,
+the node agent's Allocate and the device plugin's HAMi Allocate, on kwok nodes whose GPUs
+come from the NVML shim. Placements are checked by node and GPU UUID; the node lock is
+watched from Bind to Allocate.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,15 +28,18 @@ from demos import hami as demo
 from gpulab.fakegpu.profiles import gpu_uuid
 from gpulab.hami import annotations as ha
 from gpulab.hami.score import BINPACK, SPREAD
+from gpulab.informer import NODES, PODS, ListWatch, follow
 from gpulab.wait import wait_for
 from harness.addons.hami import EXTENDER, start_extender
 from harness.local import pid_alive
 
 SPEC = "hami-e2e"
 # Every test starts on an empty cluster (the ns fixture waits until its pods are gone), so
-# placements are exact: node binpack ties go to the first node by name, card ties to the
-# lowest index.
+# placements are exact: node binpack ties go to the first node by name; among equally used
+# cards Fit walks upstream's sort order from its end: the higher NUMA node, then the lowest
+# index (the A100 profile has GPUs 0-3 on NUMA 0, 4-7 on NUMA 1).
 A100 = "gpu-a100"
+FIRST_CARD = 4
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +85,7 @@ def test_three_vgpu_pods_share_one_gpu_under_binpack(hami: Cluster, ns: str) -> 
     for name in names:
         create(hami.api, ns, demo.vgpu_pod(name, 3000, 30, BINPACK))
     placed = [demo.placement(demo.wait_allocated(hami.api, ns, n)) for n in names]
-    card = gpu_uuid(A100, 0)
+    card = gpu_uuid(A100, FIRST_CARD)
     assert {(node, d.uuid) for node, devs in placed for d in devs} == {(A100, card)}
     assert all(d.usedmem == 3000 and d.usedcores == 30 for _, devs in placed for d in devs)
     # the device plugin's Allocate set the hami-core limits for that very card
@@ -90,7 +96,8 @@ def test_three_vgpu_pods_share_one_gpu_under_binpack(hami: Cluster, ns: str) -> 
         "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
         "CUDA_DEVICE_SM_LIMIT": "30",
     }
-    assert demo.annotations(pod)[ha.DEVICES_TO_ALLOCATE] == ";"  # all containers done
+    # every slot erased (the empty tail slot is kept at each round, as upstream)
+    assert demo.annotations(pod)[ha.DEVICES_TO_ALLOCATE] == ";;"
 
 
 def test_three_vgpu_pods_land_on_different_gpus_under_spread(hami: Cluster, ns: str) -> None:
@@ -99,7 +106,7 @@ def test_three_vgpu_pods_land_on_different_gpus_under_spread(hami: Cluster, ns: 
         create(hami.api, ns, demo.vgpu_pod(name, 3000, 30, SPREAD))
     placed = [demo.placement(demo.wait_allocated(hami.api, ns, n)) for n in names]
     cards = [(node, d.uuid) for node, devs in placed for d in devs]
-    assert sorted(cards) == sorted((A100, gpu_uuid(A100, i)) for i in range(3)), cards
+    assert cards == [(A100, gpu_uuid(A100, i)) for i in (4, 5, 6)], cards
 
 
 def test_pod_that_fits_no_gpu_stays_pending_with_the_extenders_reason(
@@ -128,11 +135,13 @@ def test_fifty_concurrent_vgpu_pods_never_overbook_a_gpu(hami: Cluster, ns: str)
         for i in range(50)
     ]
     create_concurrently(hami.api, ns, pods)
+    # binpack sends them all to one node: its lock lets one pod at a time from Bind to
+    # Allocate, the others' Binds fail and kube-scheduler retries them after a back-off
     wait_for(
         lambda: all(
             demo.allocated(p) for p in all_pods(hami.api) if p["metadata"]["namespace"] == ns
         ),
-        120,
+        300,
         "50 pods bound and allocated",
         interval=1.0,
     )
@@ -169,7 +178,7 @@ def test_extender_restart_mid_run_loses_no_allocation(hami: Cluster, ns: str) ->
     hami.local.wait_http(f"https://127.0.0.1:{rec.ports[0]}/readyz", "restarted extender")
 
     total = len(first) + len(second)
-    after = wait_for(lambda: (d := done()) and len(d) == total and d, 120, f"all {total} pods")
+    after = wait_for(lambda: (d := done()) and len(d) == total and d, 300, f"all {total} pods")
     for name, pod in before.items():  # allocations made before the kill are unchanged
         assert demo.placement(after[name]) == demo.placement(pod)
     usage = assert_within_capacity(hami.api)
@@ -182,14 +191,26 @@ def test_extender_restart_mid_run_loses_no_allocation(hami: Cluster, ns: str) ->
         line = next(
             x
             for x in text.splitlines()
-            if x.startswith("GPUDeviceMemoryAllocated{") and card in x and f'nodeid="{node}"' in x
+            if x.startswith("hami_gpu_memory_allocated_bytes{")
+            and card in x
+            and f'node="{node}"' in x
         )
         assert float(line.rsplit(" ", 1)[1]) == mem * 2**20, line
 
 
-def test_webhook_sets_scheduler_name_and_rejects_bad_gpu_pods(hami: Cluster, ns: str) -> None:
-    gpu = create(hami.api, ns, demo.vgpu_pod("mutated", 1000, 0))
-    assert gpu.spec.scheduler_name == "hami-scheduler"
+def test_webhook_sets_scheduler_name_defaults_and_rejects(hami: Cluster, ns: str) -> None:
+    card_only = demo.vgpu_pod("card-only", 1000, 0)
+    card_only["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    created = create(hami.api, ns, card_only)
+    assert created.spec.scheduler_name == "hami-scheduler"
+    # a card-only request gets the whole card's cores (defaultExclusiveCoreIfNeeded)
+    assert created.spec.containers[0].resources.limits["nvidia.com/gpucores"] == "100"
+    memonly = demo.vgpu_pod("memonly", 1000, 0)
+    del memonly["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    # gpumem without nvidia.com/gpu gets defaultGPUNum (1), as v2.10 does
+    assert (
+        create(hami.api, ns, memonly).spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    )
     cpu_only = demo.vgpu_pod("cpu-only", 1, 0)
     cpu_only["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "100m"}}
     assert create(hami.api, ns, cpu_only).spec.scheduler_name == "default-scheduler"
@@ -199,14 +220,92 @@ def test_webhook_sets_scheduler_name_and_rejects_bad_gpu_pods(hami: Cluster, ns:
     with pytest.raises(ApiException) as exc:
         create(hami.api, ns, privileged)
     assert "container cuda is privileged" in exc.value.body
-
-    memonly = demo.vgpu_pod("memonly", 1000, 0)
-    del memonly["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-    with pytest.raises(ApiException) as exc:
-        create(hami.api, ns, memonly)
-    assert "without nvidia.com/gpu" in exc.value.body
     names = {p.metadata.name for p in client.CoreV1Api(hami.api).list_namespaced_pod(ns).items}
-    assert names == {"mutated", "cpu-only"}
+    assert names == {"card-only", "memonly", "cpu-only"}
+
+
+def test_node_lock_is_held_from_bind_until_the_device_plugins_allocate(
+    hami: Cluster, ns: str
+) -> None:
+    """The lock appears with the pod's name, the plugin marks the pod allocated, and only
+    then does the lock go (ordered by etcd's resourceVersions)."""
+    stop = threading.Event()
+    seen: list[tuple[int, str | None]] = []
+    success: list[int] = []
+
+    def watch_nodes() -> None:
+        lw = ListWatch(hami.api, NODES, field_selector=f"metadata.name={A100}")
+        for delta in follow(lw, stop):
+            value = (delta.obj["metadata"].get("annotations") or {}).get(ha.NODE_LOCK)
+            if not seen or seen[-1][1] != value:
+                seen.append((int(delta.obj["metadata"]["resourceVersion"]), value))
+
+    def watch_pod() -> None:
+        for delta in follow(ListWatch(hami.api, PODS, namespace=ns), stop):
+            annos = delta.obj["metadata"].get("annotations") or {}
+            if not success and annos.get(ha.BIND_PHASE) == ha.BIND_SUCCESS:
+                success.append(int(delta.obj["metadata"]["resourceVersion"]))
+
+    for target in (watch_nodes, watch_pod):
+        threading.Thread(target=target, daemon=True).start()
+    try:
+        wait_for(lambda: seen, 30, "the node watch to list gpu-a100")
+        create(hami.api, ns, demo.vgpu_pod("locked", 2000, 20, BINPACK))
+        demo.wait_allocated(hami.api, ns, "locked")
+        wait_for(lambda: len(seen) >= 3 and seen[-1][1] is None and success, 30, "the release")
+    finally:
+        stop.set()
+    taken = [(rv, v) for rv, v in seen if v and v.endswith(f",{ns},locked")]
+    assert taken, seen
+    released = next(rv for rv, v in seen if rv > taken[0][0] and v is None)
+    # Bind took it, the plugin marked the pod allocated, then released it
+    assert taken[0][0] < success[0] < released, (seen, success)
+
+
+def test_init_container_gets_the_first_slot(hami: Cluster, ns: str) -> None:
+    pod = demo.vgpu_pod("with-init", 3000, 30, BINPACK)
+    init = copy.deepcopy(pod["spec"]["containers"][0])
+    init.update(name="warmup", command=["true"])
+    init["resources"]["limits"]["nvidia.com/gpumem"] = "8000"
+    pod["spec"]["initContainers"] = [init]
+    create(hami.api, ns, pod)
+    done = demo.wait_allocated(hami.api, ns, "with-init")
+    card = gpu_uuid(A100, FIRST_CARD)
+    assert demo.annotations(done)[ha.DEVICES_ALLOCATED] == (
+        f"{card},NVIDIA,8000,30:;{card},NVIDIA,3000,30:;"
+    )
+    envs = {
+        c: json.loads(demo.annotations(done)[f"gpulab.io/allocate-{c}"])["envs"]
+        for c in ("warmup", "cuda")
+    }
+    assert envs["warmup"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "8000m"
+    assert envs["cuda"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+
+
+def test_an_unschedulable_pod_keeps_one_filter_warning_while_retried(
+    hami: Cluster, ns: str
+) -> None:
+    create(hami.api, ns, demo.vgpu_pod("never", 50000, 10))
+    core = client.CoreV1Api(hami.api)
+
+    def events(reason: str) -> list[client.CoreV1Event]:
+        selector = f"involvedObject.name=never,reason={reason}"
+        return core.list_namespaced_event(ns, field_selector=selector).items
+
+    wait_for(lambda: events("FailedScheduling"), 60, "the first FailedScheduling")
+    # cluster events make kube-scheduler retry the pod: pods come and go on the nodes
+    for i in range(4):
+        create(hami.api, ns, demo.vgpu_pod(f"churn-{i}", 1000, 5, SPREAD))
+        demo.wait_allocated(hami.api, ns, f"churn-{i}")
+    # kube-scheduler's own recorder aggregates too: a series (count 2) proves a retry
+    wait_for(
+        lambda: any(e.series and e.series.count >= 2 for e in events("FailedScheduling")),
+        120,
+        "kube-scheduler to retry the pod (positive control)",
+        interval=1.0,
+    )
+    assert len(events("Filter")) == 1  # one Warning Event, its series counting the retries
+    assert len(events("FilteringFailed")) == 1
 
 
 def test_demo_runs_against_the_hami_cluster(hami: Cluster) -> None:

@@ -161,6 +161,16 @@ def test_go_durations_and_string_maps() -> None:
         parse_string_to_string("gpu", "--s")
 
 
+def test_the_listening_socket_is_tcp_so_asyncio_sets_nodelay() -> None:
+    # asyncio only sets TCP_NODELAY on accepted sockets whose proto is IPPROTO_TCP; without
+    # it every kept-alive request waits out a 40 ms delayed ACK
+    sock = listen(("127.0.0.1", 0), "--http_bind")
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
+
+
 def test_bind_address_and_port_in_use() -> None:
     assert parse_bind("127.0.0.1:8080", "--http_bind") == ("127.0.0.1", 8080)
     assert parse_bind(":9395", "--metrics-bind-address") == ("0.0.0.0", 9395)
