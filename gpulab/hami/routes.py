@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from anyio import CapacityLimiter, to_thread
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -38,6 +39,9 @@ from gpulab.trace import ObjectRef
 _log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20
+# Go serves every request on its own goroutine; Python's default thread pool (40) would let
+# Binds waiting for a node lock (PodGroup members) starve Filter. Binds get their own pool.
+BIND_THREADS = 256
 # kube-scheduler gives the extender 30s (httpTimeout); upstream waits as long as the
 # request lives.
 SYNC_WAIT = 30.0
@@ -76,6 +80,17 @@ def build_app(
         )
         metrics.requests.labels(route, outcome).inc()
 
+    bind_threads: list[CapacityLimiter] = []  # made in the event loop, on first use
+
+    async def in_thread(
+        route: str, call: Callable[[Any], dict[str, Any]], body: Any
+    ) -> dict[str, Any]:
+        if route != "bind":
+            return await run_in_threadpool(call, body)
+        if not bind_threads:
+            bind_threads.append(CapacityLimiter(BIND_THREADS))
+        return await to_thread.run_sync(call, body, limiter=bind_threads[0])
+
     async def extender(
         request: Request,
         route: str,
@@ -98,7 +113,7 @@ def build_app(
                     )
                 )
         try:
-            result = await run_in_threadpool(call, body)
+            result = await in_thread(route, call, body)
         except Exception as exc:  # a bug must cost one request, not the extender
             _log.exception("%s failed", route)
             observe(route, start, True, "error")
