@@ -1,10 +1,11 @@
-"""An in-memory API server for the extender: pods, nodes and ResourceQuotas as dicts, with
-the rules that matter to it (resourceVersion compare-and-swap, one Binding per pod, 404s,
-a UID per pod), and the informer side: ``connect`` lists everything into a scheduler's
-handlers and delivers every later change, and the object dicts serve as its listers.
+"""An in-memory API server for the HAMi (v2.10.0) extender: pods, nodes and ResourceQuotas
+as dicts, with the rules that matter to it (resourceVersion compare-and-swap, one Binding
+per pod, 404s, a UID per pod), and the informer side: ``connect`` lists everything into a
+scheduler's handlers and delivers every later change, and the object dicts serve as its
+listers.
 
 Used by the component tests and the benchmark; implements ``cluster.Cluster`` and
-``cluster.Listers``.
+``cluster.Listers``. A lab tool: HAMi has no counterpart (its tests use client-go fakes).
 """
 
 from __future__ import annotations
