@@ -14,8 +14,9 @@
   kube-scheduler ``hami-scheduler`` and the extender's /filter and /bind, with HAMi's lock
   semantics: Bind takes ``hami.io/mutex.lock`` and only the device plugin's Allocate
   releases it. 100 plugin + node-agent processes do not fit 2 cores, so this process plays
-  kubelet + device plugin for every node: a pod informer calls the plugin's own
-  ``HamiAllocator.allocate`` (one thread per node) as soon as a pod is bound; timed to all
+  kubelet + device plugin for every node: the plugin's own ``HamiRegistrar`` registers each
+  node's GPUs, and a pod informer calls the plugin's own ``HamiAllocator.allocate`` (one
+  thread per node) as soon as a pod is bound; timed to all
   allocated (``hami.io/bind-phase=success``, lock released). Runs: nodes spread, nodes
   binpack, and binpack again with the lab experiment ``--gpulab-lock-retry-all``.
 - Memory: the extender's caches (informer stores + scheduler) at 500 nodes x 8 GPUs with
@@ -43,7 +44,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from demos import hami as demo
-from gpulab.deviceplugin.hami import HamiAllocator, node_devices
+from gpulab.deviceplugin.hami import HamiAllocator, HamiRegistrar, node_devices
 from gpulab.deviceplugin.rm import Device, GPUInfo
 from gpulab.fakegpu import profiles
 from gpulab.hami import annotations as ha
@@ -294,6 +295,15 @@ class Kubelets:
         self._stop = threading.Event()
         self._api = api
 
+    def register(self, nodes: dict[str, list[GPUInfo]]) -> None:
+        """Each node's plugin writes its ``hami.io/node-nvidia-register`` (RegisterInAnnotation)."""
+        cluster = KubeCluster(self._api)
+        tracer = Tracer("device-plugin", None, stream=io.StringIO())
+        for node, gpus in nodes.items():
+            HamiRegistrar(
+                self._api, node, gpus, lambda _u: True, ha.DEFAULT_SPLIT_COUNT, tracer, cluster
+            ).RegisterInAnnotation()
+
     def start(self) -> Kubelets:
         threading.Thread(target=self._watch, daemon=True).start()
         return self
@@ -427,6 +437,8 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
         cards = sum(len(g) for g in nodes.values())
         urls = demo.extender_urls(local.spec)
         assert urls is not None
+        kubelets = Kubelets(api, nodes)
+        kubelets.register(nodes)
         wait_for(
             lambda: (
                 httpx.get(urls[1] + "/metrics").text.count("hami_gpu_core_limit_ratio{") == cards
@@ -435,7 +447,7 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
             f"the extender to register {cards} GPUs",
             1.0,
         )
-        kubelets = Kubelets(api, nodes).start()
+        kubelets.start()
         progress(f"{CLUSTER_NODES} nodes, {cards} GPUs registered; {PODS} plain pods")
         runs: Obj = {
             "plain": _schedule(

@@ -33,6 +33,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpulab.trace import ObjectRef, Tracer
+from gpulab.wait import wait_for
 
 _log = logging.getLogger(__name__)
 
@@ -59,11 +60,12 @@ class ApiSink:
     def __init__(self, api: client.ApiClient) -> None:
         self._events = client.EventsV1Api(api)
 
+    # the answers are not read: decoding them into client models costs the extender's CPU
     def create(self, namespace: str, body: dict[str, Any]) -> None:
-        self._events.create_namespaced_event(namespace, body)
+        self._events.create_namespaced_event(namespace, body, _preload_content=False)
 
     def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        self._events.patch_namespaced_event(name, namespace, body)
+        self._events.patch_namespaced_event(name, namespace, body, _preload_content=False)
 
 
 def _micro(when: dt.datetime) -> str:
@@ -160,10 +162,8 @@ class EventRecorder:
             threading.Thread(target=every, args=(period, fn), daemon=True).start()
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Wait until the queued writes are done (tests and demos)."""
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.02)
+        """Wait until the queued writes are done (tests and demos); WaitTimeout if not."""
+        wait_for(lambda: not self._queue.unfinished_tasks, timeout, "queued Events", 0.02)
 
     def series_count(self, regarding: ObjectRef, reason: str) -> int:
         """How many times an Event about ``regarding`` with ``reason`` was recorded."""
