@@ -630,7 +630,6 @@ def test_replay_of_what_a_real_kube_scheduler_sent() -> None:
         world.cluster.add_node({**item, "metadata": {**item["metadata"], "name": real}})
     world.cluster.add_pod(args["Pod"])
     world.sync()
-    assert args["Pod"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] == "10k"
     result = filter_mod.filter(world.scheduler, args)
     assert result["NodeNames"] == ["gpu-a100"]
     (ctr, _tail) = ann.decode_pod_devices(
