@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import resource
 import socket
 import statistics
@@ -359,16 +360,48 @@ def _allocated(pod: Obj) -> bool:
     return (pod["metadata"].get("annotations") or {}).get(ha.BIND_PHASE) == ha.BIND_SUCCESS
 
 
-def _bind_errors(metrics_url: str) -> int:
-    """Failed Binds so far (the lab's ``gpulab_extender_requests_total{route="bind"}``)."""
-    for family in text_string_to_metric_families(httpx.get(metrics_url + "/metrics").text):
-        for sample in family.samples:
-            if sample.name == "gpulab_extender_requests_total" and sample.labels == {
-                "route": "bind",
-                "outcome": "error",
-            }:
-                return int(sample.value)
-    return 0
+class ExtenderProbe:
+    """What the extender did during one run: failed Binds, time per Filter and Bind (the
+    lab's ``gpulab_extender_*`` metrics) and the CPU its process used."""
+
+    def __init__(self, metrics_url: str, pid: int) -> None:
+        self.url, self.pid = metrics_url, pid
+        self._start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(httpx.get(self.url + "/metrics").text):
+            for s in family.samples:
+                route, result = s.labels.get("route"), s.labels.get("result")
+                if (
+                    s.name == "gpulab_extender_requests_total"
+                    and s.labels.get("outcome") == "error"
+                ):
+                    out[f"{route}_errors"] = out.get(f"{route}_errors", 0) + s.value
+                elif s.name.startswith("gpulab_extender_request_duration_seconds_") and result:
+                    kind = s.name.rsplit("_", 1)[1]  # sum or count
+                    out[f"{route}_{kind}"] = out.get(f"{route}_{kind}", 0) + s.value
+        with open(f"/proc/{self.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        out["cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out["t"] = time.monotonic()
+        return out
+
+    def result(self) -> Obj:
+        end = self._read()
+
+        def delta(key: str) -> float:
+            return end.get(key, 0) - self._start.get(key, 0)
+
+        def mean_ms(route: str) -> float:
+            return 1000 * delta(f"{route}_sum") / max(delta(f"{route}_count"), 1)
+
+        return {
+            "bind_errors": int(delta("bind_errors")),
+            "filter_ms": mean_ms("filter"),
+            "bind_ms": mean_ms("bind"),
+            "extender_cpu": delta("cpu_s") / max(delta("t"), 1e-9),
+        }
 
 
 def _schedule(
@@ -426,6 +459,10 @@ def _vgpu_pod(name: str, node_policy: str | None) -> Obj:
     return pod
 
 
+def _extender_pid(local: LocalCluster) -> int:
+    return next(p for p in local.processes() if p.name == hami_addon.EXTENDER).pid
+
+
 def throughput(progress: Callable[[str], None] = print) -> Obj:
     local = LocalCluster(parse(SPEC))
     local.down(lambda _m: None)
@@ -459,7 +496,7 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
             )
         }
         for label, policy in (("spread", SPREAD), ("binpack", None)):
-            errors = _bind_errors(urls[1])
+            probe = ExtenderProbe(urls[1], _extender_pid(local))
             runs[label] = _schedule(
                 api,
                 f"bench-{label}",
@@ -467,7 +504,7 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
                 {},
                 _allocated,
             )
-            runs[label]["bind_errors"] = _bind_errors(urls[1]) - errors
+            runs[label].update(probe.result())
             progress(f"{label}: {runs[label]['pods_per_s']:.1f} pods/s")
         # the experiment: every Bind waits for a contended lock (restart with the flag)
         rec = next(p for p in local.processes() if p.name == hami_addon.EXTENDER)
@@ -484,7 +521,7 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
             "the restarted extender to register the GPUs",
             1.0,
         )
-        errors = _bind_errors(urls[1])
+        probe = ExtenderProbe(urls[1], _extender_pid(local))
         runs["binpack_wait"] = _schedule(
             api,
             "bench-binpack-wait",
@@ -492,7 +529,7 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
             {},
             _allocated,
         )
-        runs["binpack_wait"]["bind_errors"] = _bind_errors(urls[1]) - errors
+        runs["binpack_wait"].update(probe.result())
         runs["plugin_failures"] = kubelets.failed
         return {"nodes": CLUSTER_NODES, "gpus": cards, **runs}
     finally:
@@ -512,11 +549,15 @@ def section(r: Obj) -> list[str]:
 
     def row(label: str, key: str, end: str) -> str:
         x = t[key]
-        errors = x.get("bind_errors", 0)
+        extender = (
+            f"{x['filter_ms']:.0f} ms | {x['bind_ms']:.0f} ms | {100 * x['extender_cpu']:.0f} %"
+            if "filter_ms" in x
+            else "— | — | —"
+        )
         return (
             f"| {label} | {x['created_s']:.1f} s | {x['bound_s']:.1f} s | "
             f"{end} {x['done_s']:.1f} s | **{x['pods_per_s']:.1f}** | "
-            f"{x['pods_per_s'] / plain:.2f}x | {errors} |"
+            f"{x['pods_per_s'] / plain:.2f}x | {x.get('bind_errors', 0)} | {extender} |"
         )
 
     return [
@@ -547,8 +588,8 @@ def section(r: Obj) -> list[str]:
         "released the node lock:",
         "",
         "| pods, scheduler | created in | all Bound in | done in | pods/s | vs default "
-        "| failed Binds |",
-        "|---|---|---|---|---|---|---|",
+        "| failed Binds | Filter (mean) | Bind (mean) | extender CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         row("`nvidia.com/gpu: 1`, default-scheduler", "plain", "Bound"),
         row("vGPU, hami-scheduler, nodes **spread**", "spread", "allocated"),
         row("vGPU, hami-scheduler, nodes **binpack** (default)", "binpack", "allocated"),
