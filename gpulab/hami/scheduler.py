@@ -211,7 +211,7 @@ class Scheduler:
         self.node_handlers = Handlers(on_add=self.on_add_node, on_delete=self.on_delete_node)
         self.quota_handlers = Handlers(
             on_add=self._locked(self.quotas.add_quota),
-            on_update=lambda old, new: self._locked(self.quotas.update_quota)(old, new),
+            on_update=self._locked(self.quotas.update_quota),
             on_delete=self._locked(self.quotas.del_quota),
         )
 
