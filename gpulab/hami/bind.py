@@ -36,6 +36,7 @@ from gpulab.wait import retry_call
 
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 _LOCK_POLL = 0.1  # acquireNodeLocks waits 100 ms between tries
+FILTER_WRITE_WAIT = 10.0  # seconds Bind waits for Filter's annotation write (experiment)
 
 
 class BadArgs(ValueError):
@@ -63,6 +64,15 @@ def bind(s: Scheduler, args: Any) -> dict[str, str]:
             s.take_pod(str(meta(pod).get("uid", "")))
         return {"Error": f'node "{node}" not found'}
 
+    written = s.pending.pop(str(meta(pod).get("uid", "")), None)
+    if written is not None:  # --gpulab-async-filter-patch: Filter's write must land first
+        try:
+            written.result(timeout=FILTER_WRITE_WAIT)
+        except Exception as exc:
+            with s.lock:
+                s.take_pod(str(meta(pod).get("uid", "")))
+            s.events.hami(ref, ev.BINDING_FAILED, str(exc), action="Bind", warning=True)
+            return {"Error": str(exc)}
     locks = needs_lock(s, pod)
     try:
         if locks:

@@ -8,7 +8,8 @@ durations, ``--force-overwrite-default-scheduler``, ``--legacy-metrics``,
 ``--device-config-file``). Not implemented: ``--leader-elect*``, ``--profiling``,
 ``--kube-qps`` / ``--kube-burst`` / ``--kube-timeout``, ``--debug``. Lab additions, named:
 ``--kubeconfig`` (upstream uses $KUBECONFIG or the ServiceAccount, as the lab does without
-it) and ``--gpulab-lock-retry-all`` (a benchmark experiment). A value that does not parse
+it) and the benchmark experiments ``--gpulab-lock-retry-all`` and
+``--gpulab-async-filter-patch``. A value that does not parse
 — a Go duration without a unit, an unknown policy — stops start-up with one line.
 """
 
@@ -96,6 +97,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="lab experiment: every pod waits for a contended node lock, not only PodGroup members",
     )
+    ext.add_argument(
+        "--gpulab-async-filter-patch",
+        action="store_true",
+        help="lab experiment: Filter answers before writing the pod's annotations; Bind waits",
+    )
     ext.set_defaults(func=_run_extender)
 
     exp = sub.add_parser("explain", help="why the extender placed a pod where it did")
@@ -139,6 +145,7 @@ def options(args: argparse.Namespace) -> Any:
                     )
                 ),
                 lock_retry_all=args.gpulab_lock_retry_all,
+                async_filter_patch=args.gpulab_async_filter_patch,
             ),
             webhook=WebhookConfig(
                 scheduler_name=args.scheduler_name,

@@ -127,24 +127,21 @@ def filter(s: Scheduler, args: Any) -> dict[str, Any]:
         return result(failed=failed)
 
     encoded = ann.encode_pod_devices(chosen.devices)
-    try:
-        s.cluster.patch_pod_annotations(
-            ref.namespace or "default",
-            ref.name,
-            {
-                ann.ASSIGNED_NODE: chosen.node,
-                ann.ASSIGNED_TIME: str(int(s.clock().timestamp())),
-                ann.DEVICES_TO_ALLOCATE: encoded,
-                ann.DEVICES_ALLOCATED: encoded,
-                FILTER_RESULT: record,
-            },
-        )
-    except ClusterError as exc:
-        with s.lock:
-            s.take_pod(uid)
-        s.events.hami(ref, ev.FILTERING_FAILED, str(exc), action="Filter", warning=True)
-        s.events.step("Filter", ref, f"could not record the decision: {exc}", warning=True)
-        return result(error=str(exc))
+    allocation = {
+        ann.ASSIGNED_NODE: chosen.node,
+        ann.ASSIGNED_TIME: str(int(s.clock().timestamp())),
+        ann.DEVICES_TO_ALLOCATE: encoded,
+        ann.DEVICES_ALLOCATED: encoded,
+        FILTER_RESULT: record,
+    }
+    if s.cfg.async_filter_patch:
+        _write_later(s, uid, ref, allocation)
+    else:
+        try:
+            s.cluster.patch_pod_annotations(ref.namespace or "default", ref.name, allocation)
+        except ClusterError as exc:
+            _not_recorded(s, uid, ref, exc)
+            return result(error=str(exc))
 
     fits = success_order([r for r in results if r.fit], opts.node_policy)
     success = (
@@ -161,6 +158,31 @@ def filter(s: Scheduler, args: Any) -> dict[str, Any]:
         best={r.node: r.score for r in fits[-5:]},
     )
     return result(names=[chosen.node])
+
+
+def _not_recorded(s: Scheduler, uid: str, ref: Any, exc: Exception) -> None:
+    """The decision could not be written: give the cards back."""
+    with s.lock:
+        s.take_pod(uid)
+    s.events.hami(ref, ev.FILTERING_FAILED, str(exc), action="Filter", warning=True)
+    s.events.step("Filter", ref, f"could not record the decision: {exc}", warning=True)
+
+
+def _write_later(s: Scheduler, uid: str, ref: Any, allocation: dict[str, str | None]) -> None:
+    """Lab experiment ``--gpulab-async-filter-patch``: answer kube-scheduler now and write
+    the pod's annotations meanwhile; Bind waits for the write (upstream writes first)."""
+
+    def write() -> None:
+        s.cluster.patch_pod_annotations(ref.namespace or "default", ref.name, allocation)
+
+    future = s.write_later(uid, write)
+
+    def done(f: Any) -> None:
+        exc = f.exception()
+        if exc is not None and s.pending.get(uid, f) is f:  # no newer Filter meanwhile
+            _not_recorded(s, uid, ref, exc)
+
+    future.add_done_callback(done)
 
 
 def fit_on(

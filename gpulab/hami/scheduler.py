@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,9 +57,12 @@ class SchedulerConfig:
     node_lock_timeout: dt.timedelta = DEFAULT_TIMEOUT
     node_lock_retry_timeout: dt.timedelta = DEFAULT_RETRY_TIMEOUT
     node_label_selector: tuple[tuple[str, str], ...] = ()
-    # Lab experiment (bench): wait for a contended node lock for every pod, not only
-    # PodGroup members (--gpulab-lock-retry-all). Off: the release's behaviour.
+    # Lab experiments (bench), off by default (the release's behaviour):
+    # --gpulab-lock-retry-all: every pod waits for a contended node lock, not only PodGroup
+    # members; --gpulab-async-filter-patch: Filter answers before the pod's annotations are
+    # written, and Bind waits for that write.
     lock_retry_all: bool = False
+    async_filter_patch: bool = False
 
 
 # -- pure helpers ---------------------------------------------------------------------------
@@ -207,6 +211,9 @@ class Scheduler:
         self.synced = threading.Event()  # s.synced: set after a register pass
         self.node_notify = threading.Event()
         self.stop = threading.Event()
+        # --gpulab-async-filter-patch: the annotation writes Filter left running, by pod UID
+        self.pending: dict[str, Future[None]] = {}
+        self._writer: ThreadPoolExecutor | None = None
         self.pod_handlers = Handlers(self.on_add_pod, self.on_update_pod, self.on_delete_pod)
         self.node_handlers = Handlers(on_add=self.on_add_node, on_delete=self.on_delete_node)
         self.quota_handlers = Handlers(
@@ -411,6 +418,22 @@ class Scheduler:
             self.cluster.patch_node_annotations(name, annos)
         except ClusterError as exc:
             _log.warning("could not patch node %s: %s", name, exc)
+
+    def write_later(self, uid: str, write: Callable[[], None]) -> Future[None]:
+        """Run ``write`` on the writer pool after this pod's previous write (experiment)."""
+        with self.lock:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="filter-patch")
+            before = self.pending.get(uid)
+
+            def ordered() -> None:
+                if before is not None:
+                    before.exception()  # this pod's writes land in order
+                write()
+
+            future = self._writer.submit(ordered)
+            self.pending[uid] = future
+            return future
 
     # -- views -------------------------------------------------------------------------
 

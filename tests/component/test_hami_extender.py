@@ -664,3 +664,37 @@ def test_replay_of_what_a_real_api_server_sent_to_the_webhook(serve: Any) -> Non
         for op in json.loads(base64.b64decode(answers["memonly"]["patch"]))
     }
     assert memonly["/spec/containers/0/resources/limits/nvidia.com~1gpu"] == "1"
+
+
+def test_async_filter_patch_experiment_binds_only_after_the_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(SchedulerConfig(async_filter_patch=True))
+    pod = world.add_vgpu_pod("p")
+    real = world.cluster.patch_pod_annotations
+    gate = threading.Event()
+
+    def slow(ns: str, name: str, annos: dict[str, str | None]) -> None:
+        if ann.ASSIGNED_NODE in annos:
+            gate.wait(10)
+        real(ns, name, annos)
+
+    monkeypatch.setattr(world.cluster, "patch_pod_annotations", slow)
+    assert filter_mod.filter(world.scheduler, filter_args(pod))["NodeNames"] == ["gpu-node-1"]
+    assert ann.ASSIGNED_NODE not in world.annotations("p")  # answered before the write
+    threading.Timer(0.3, gate.set).start()
+    assert bind_mod.bind(world.scheduler, bind_args(pod, "gpu-node-1")) == {"Error": ""}
+    assert world.annotations("p")[ann.DEVICES_TO_ALLOCATE].startswith("GPU-gpu-node-1-00,")
+
+    def refuse(ns: str, name: str, annos: dict[str, str | None]) -> None:
+        if ann.ASSIGNED_NODE in annos:
+            raise ClusterError("pod q: HTTP 500")
+        real(ns, name, annos)
+
+    monkeypatch.setattr(world.cluster, "patch_pod_annotations", refuse)
+    other = world.add_vgpu_pod("q")
+    filter_mod.filter(world.scheduler, filter_args(other, ["gpu-node-2"]))
+    assert bind_mod.bind(world.scheduler, bind_args(other, "gpu-node-2")) == {
+        "Error": "pod q: HTTP 500"
+    }
+    assert all(c.usedmem == 0 for c in world.scheduler.usage()["gpu-node-2"])  # given back
