@@ -68,11 +68,13 @@ def bind(s: Scheduler, args: Any) -> dict[str, str]:
     if written is not None:  # --gpulab-async-filter-patch: Filter's write must land first
         try:
             written.result(timeout=FILTER_WRITE_WAIT)
-        except Exception as exc:
+        except Exception as exc:  # a failed write, or none within the wait
+            reason = str(exc) or f"Filter's annotations not written within {FILTER_WRITE_WAIT:g}s"
             with s.lock:
                 s.take_pod(str(meta(pod).get("uid", "")))
-            s.events.hami(ref, ev.BINDING_FAILED, str(exc), action="Bind", warning=True)
-            return {"Error": str(exc)}
+            s.events.hami(ref, ev.BINDING_FAILED, reason, action="Bind", warning=True)
+            s.events.step("Bind", ref, f"binding to {node} failed: {reason}", warning=True)
+            return {"Error": reason}
     locks = needs_lock(s, pod)
     try:
         if locks:

@@ -117,7 +117,7 @@ def build_app(
         except Exception as exc:  # a bug must cost one request, not the extender
             _log.exception("%s failed", route)
             observe(route, start, True, "error")
-            return JSONResponse(error_body(f"internal error: {exc}"), 500)
+            return JSONResponse(error_body(f"internal error: {exc!r}"), 500)
         kept = result.get("NodeNames") or (result.get("Nodes") or {}).get("items")
         outcome = "error" if result["Error"] else "ok" if route == "bind" or kept else "rejected"
         observe(route, start, bool(result["Error"]), outcome)

@@ -43,6 +43,7 @@ from gpulab.trace import ObjectRef
 _log = logging.getLogger(__name__)
 
 REGISTER_PERIOD = 15.0
+WRITERS = 16  # --gpulab-async-filter-patch: annotation writes in flight at once
 HANDSHAKE_TIMEOUT = dt.timedelta(seconds=60)
 
 
@@ -423,7 +424,9 @@ class Scheduler:
         """Run ``write`` on the writer pool after this pod's previous write (experiment)."""
         with self.lock:
             if self._writer is None:
-                self._writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="filter-patch")
+                self._writer = ThreadPoolExecutor(
+                    max_workers=WRITERS, thread_name_prefix="filter-patch"
+                )
             before = self.pending.get(uid)
 
             def ordered() -> None:

@@ -698,3 +698,29 @@ def test_async_filter_patch_experiment_binds_only_after_the_write(
         "Error": "pod q: HTTP 500"
     }
     assert all(c.usedmem == 0 for c in world.scheduler.usage()["gpu-node-2"])  # given back
+
+
+def test_async_filter_patch_write_that_never_lands_fails_the_bind_with_a_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # concurrent.futures.TimeoutError() has an empty str: {"Error": ""} would be a success
+    world = World(SchedulerConfig(async_filter_patch=True))
+    pod = world.add_vgpu_pod("p")
+    real = world.cluster.patch_pod_annotations
+    gate = threading.Event()
+
+    def stuck(ns: str, name: str, annos: dict[str, str | None]) -> None:
+        if ann.ASSIGNED_NODE in annos:
+            gate.wait(10)
+        real(ns, name, annos)
+
+    monkeypatch.setattr(world.cluster, "patch_pod_annotations", stuck)
+    monkeypatch.setattr(bind_mod, "FILTER_WRITE_WAIT", 0.2)
+    filter_mod.filter(world.scheduler, filter_args(pod, ["gpu-node-1"]))
+    try:
+        answer = bind_mod.bind(world.scheduler, bind_args(pod, "gpu-node-1"))
+    finally:
+        gate.set()
+    assert answer == {"Error": "Filter's annotations not written within 0.2s"}
+    assert world.cluster.bindings == []
+    assert all(c.usedmem == 0 for c in world.scheduler.usage()["gpu-node-1"])

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from gpulab.cli import build_parser
 from gpulab.deviceplugin.hami import waiting_pod
 from gpulab.hami import annotations as ha
@@ -14,7 +16,7 @@ from gpulab.hami.commands import options
 from harness.addons.device_plugin import expected_resources
 from harness.addons.hami import device_config, scheduler_config
 from harness.apply import MANIFESTS, load_documents
-from harness.spec import DEFAULT_PORTS, load, parse
+from harness.spec import DEFAULT_PORTS, PORT_OFFSET_ENV, load, parse
 
 NODE = "gpu-t4-0"
 
@@ -37,7 +39,8 @@ def test_hami_scheduler_config_points_at_the_host_extender_and_trusts_the_cluste
     assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
 
 
-def test_hami_specs_run_beside_the_other_clusters() -> None:
+def test_hami_specs_run_beside_the_other_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PORT_OFFSET_ENV, raising=False)  # the specs' own ports
     used = {p for name in ("default", "e2e") for p in load(name).ports.values()}
     assert set(DEFAULT_PORTS.values()) <= used
     for name in ("hami", "hami-e2e"):
