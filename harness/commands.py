@@ -42,6 +42,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="*", type=Path)
     p.set_defaults(func=cmd_apply)
 
+    p = sub.add_parser(
+        "pod-runner",
+        help="(local backend, started by `gpulab up`) run the lab's own pods on kwok nodes",
+    )
+    p.add_argument("--kubeconfig", type=Path, required=True)
+    p.add_argument("--cluster-dir", type=Path, required=True, help="the cluster's state dir")
+    p.add_argument("--block", type=int, required=True, help="K of the cluster's 127.K.0.0/16")
+    p.add_argument("--api-port", type=int, required=True, help="the API server's port")
+    p.add_argument(
+        "--backoff-initial", type=float, default=10.0, help="container restart back-off (s)"
+    )
+    p.add_argument("--backoff-max", type=float, default=300.0, help="maximum back-off (s)")
+    p.set_defaults(func=cmd_pod_runner)
+
     p = sub.add_parser("kubectl", help="run the lab's kubectl against the cluster", add_help=False)
     p.add_argument("--spec", default=os.environ.get("GPULAB_SPEC", "default"))
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -137,6 +151,19 @@ def cmd_apply(args: argparse.Namespace) -> int:
         transform = LocalCluster(spec).apply_transform()
     apply(api_client(kubeconfig), args.paths or [MANIFESTS], progress, transform)
     return 0
+
+
+def cmd_pod_runner(args: argparse.Namespace) -> int:
+    from harness.podrunner import main
+
+    return main.run(
+        args.kubeconfig,
+        args.cluster_dir,
+        args.block,
+        args.api_port,
+        args.backoff_initial,
+        args.backoff_max,
+    )
 
 
 def cmd_kubectl(args: argparse.Namespace) -> int:

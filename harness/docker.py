@@ -19,7 +19,6 @@ Each worker node carries its GPU profile as a file mounted at
 
 from __future__ import annotations
 
-import base64
 import shutil
 import subprocess
 import time
@@ -33,11 +32,10 @@ from gpulab.fakegpu import profiles
 from gpulab.state import cluster_dir
 from harness import pki
 from harness.errors import HarnessError
-from harness.spec import ClusterSpec
+from harness.spec import PROFILE_MOUNT, ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "gpulab:dev"
-PROFILE_MOUNT = "/etc/fake-gpu/profile.yaml"
 K3S_IMAGE = "rancher/k3s:v1.36.3-k3s1"
 
 Runner = Callable[[Sequence[str]], None]
@@ -114,37 +112,6 @@ def k3d_config(spec: ClusterSpec) -> dict[str, Any]:
             "kubeconfig": {"updateDefaultKubeconfig": False, "switchCurrentContext": False},
         },
     }
-
-
-def serving_secrets(
-    ca: pki.KeyPair, directory: Path, docs: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """A ``<service>-tls`` Secret (kubernetes.io/tls) for each Service a webhook calls,
-    its certificate signed by ``ca`` for the Service's in-cluster DNS names."""
-    from harness.apply import webhook_services
-
-    secrets = []
-    for name, namespace in sorted(webhook_services(docs)):
-        hosts = (
-            name,
-            f"{name}.{namespace}",
-            f"{name}.{namespace}.svc",
-            f"{name}.{namespace}.svc.cluster.local",
-        )
-        pair = pki.issue(ca, directory, f"{name}-{namespace}", hosts[2], hosts=hosts)
-        secrets.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {"name": f"{name}-tls", "namespace": namespace},
-                "data": {
-                    "tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
-                    "tls.key": base64.b64encode(pair.key.read_bytes()).decode(),
-                },
-            }
-        )
-    return secrets
 
 
 class DockerCluster:
@@ -248,13 +215,11 @@ class DockerCluster:
     def _apply(self, dirs: list[str], progress: Progress) -> None:
         """Apply manifests/<dir>/ with serving-cert Secrets and caBundles from our CA."""
         from gpulab.kube import api_client
-        from harness.apply import MANIFESTS, ServiceTransform, apply, load_documents
+        from harness.apply import MANIFESTS, ServiceTransform, apply
 
         ca = pki.KeyPair(self.pki_dir() / "ca.crt", self.pki_dir() / "ca.key")
-        paths = [MANIFESTS / d for d in dirs]
-        secrets = serving_secrets(ca, self.pki_dir(), load_documents(paths))
-        transform = ServiceTransform(ca.cert.read_bytes())
-        apply(api_client(self.kubeconfig), paths, progress, transform, extra=secrets)
+        transform = ServiceTransform(ca, self.pki_dir())
+        apply(api_client(self.kubeconfig), [MANIFESTS / d for d in dirs], progress, transform)
 
     def pki_dir(self) -> Path:
         path = self.dir / "pki"

@@ -20,6 +20,7 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,19 +30,21 @@ from typing import Any
 import httpx
 import yaml
 
+from gpulab.fakegpu import profiles
 from gpulab.state import cluster_dir
 from harness import addons, binaries, pki
 from harness.apply import MANIFESTS, LocalTransform, apply
 from harness.errors import HarnessError
-from harness.ports import port_in_use
-from harness.spec import ClusterSpec, node_object
+from harness.podrunner import network, runtime, volumes
+from harness.ports import free_port, port_in_use
+from harness.spec import PROFILE_MOUNT, ClusterSpec, node_object
 
 Progress = Callable[[str], None]
 
 HERE = Path(__file__).resolve().parent
-SERVICE_CIDR = "10.96.0.0/16"
 START_TIMEOUT = 90.0
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+POD_RUNNER = "pod-runner"
 
 
 @dataclass
@@ -81,6 +84,7 @@ class LocalCluster:
         self._state_file = self.dir / "cluster.json"
         # processes started by this Python process: their exit status explains a failure
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._block: int | None = None
 
     # ---------------------------------------------------------------- state
 
@@ -95,6 +99,8 @@ class LocalCluster:
         return [ProcessRecord(**p) for p in data.get("processes", [])]
 
     def _save(self, procs: list[ProcessRecord]) -> None:
+        if self._block is None and self._state_file.exists():
+            self._block = json.loads(self._state_file.read_text()).get("block")
         state = {
             "name": self.spec.name,
             "spec": str(self.spec.path) if self.spec.path else None,
@@ -102,6 +108,7 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig),
             "processes": [asdict(p) for p in procs],
             "addons": self._addons(),
+            "block": self._block,
         }
         tmp = self._state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1))
@@ -126,6 +133,7 @@ class LocalCluster:
         try:
             self._start_control_plane(progress)
             self._create_nodes(progress)
+            self._start_pod_runner(progress)
             self._wait_ready(progress)
             self._apply_base(progress)
             for addon in self.spec.addons:
@@ -262,8 +270,10 @@ class LocalCluster:
                 f"--service-account-key-file={pk / 'sa.pub'}",
                 f"--service-account-signing-key-file={pk / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={network.SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
+                # kwok serves `kubectl logs` on the node's InternalIP (127.0.0.1)
+                "--kubelet-preferred-address-types=InternalIP",
                 "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",
                 # 127.0.0.1 may not be an Endpoints address; nothing in-cluster dials it
@@ -292,8 +302,12 @@ class LocalCluster:
                 f"--root-ca-file={pk / 'ca.crt'}",
                 f"--cluster-signing-cert-file={pk / 'ca.crt'}",
                 f"--cluster-signing-key-file={pk / 'ca.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={network.SERVICE_CIDR}",
                 "--profiling=false",
+                # Pod IPs here are loopback addresses, which Endpoints may not hold; the
+                # pod runner's service proxy reads the pods instead (podrunner/proxy.py)
+                "--controllers=*,-endpoints-controller,-endpointslice-controller,"
+                "-endpointslice-mirroring-controller",
             ],
             ports=[p["controllerManager"]],
         )
@@ -310,6 +324,10 @@ class LocalCluster:
             ],
             ports=[p["scheduler"]],
         )
+        # kwok reads the Logs objects of the lab's own pods (`kubectl logs`)
+        apply(self.api(), [HERE / "kwok-crds.yaml"], lambda _m: None)
+        kwok_port = free_port()
+        kwok_cert = self.issue_serving_cert("kwok", "kwok")
         self.start_process(
             "kwok",
             [
@@ -319,7 +337,13 @@ class LocalCluster:
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 "--node-lease-duration-seconds=40",
                 "--node-ip=127.0.0.1",
+                f"--node-port={kwok_port}",
+                f"--server-address=127.0.0.1:{kwok_port}",
+                f"--tls-cert-file={kwok_cert.cert}",
+                f"--tls-private-key-file={kwok_cert.key}",
+                "--enable-crds=Logs",
             ],
+            ports=[kwok_port],
         )
 
     def start_process(
@@ -425,6 +449,33 @@ class LocalCluster:
         gpus = sum(1 for n in self.spec.nodes if n.profile)
         progress(f"created {len(self.spec.nodes)} simulated nodes ({gpus} with GPUs)")
 
+    def _start_pod_runner(self, progress: Progress) -> None:
+        """kubelet for the lab's own pods (harness/podrunner), on the cluster's own
+        loopback block; each node gets the files kind would mount into its container."""
+        for node in self.spec.nodes:
+            (self.dir / "nodes" / node.name / "device-plugins").mkdir(parents=True, exist_ok=True)
+            if node.profile:
+                mounted = volumes.host_path(self.dir, node.name, PROFILE_MOUNT)
+                mounted.parent.mkdir(parents=True, exist_ok=True)
+                mounted.write_text(profiles.resolve(node.profile).read_text())
+        block = self._block = network.acquire_block(self.dir)
+        self.start_process(
+            POD_RUNNER,
+            [
+                sys.executable,
+                "-m",
+                "gpulab",
+                "pod-runner",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--cluster-dir={self.dir}",
+                f"--block={block}",
+                f"--api-port={self.spec.ports['apiserver']}",
+            ],
+        )
+        progress(
+            f"pod runner started: pods at 127.{block}.128.0/17, Services at 127.{block}.0.0/17"
+        )
+
     def _wait_ready(self, progress: Progress) -> None:
         from kubernetes import client
 
@@ -474,9 +525,20 @@ class LocalCluster:
             return []
         return list(json.loads(self._state_file.read_text()).get("addons", []))
 
-    def apply_transform(self) -> LocalTransform:
+    def apply_transform(self, dry_run_workloads: bool = False) -> LocalTransform:
+        """How manifests meet this cluster (harness/apply.py); ``dry_run_workloads`` for an
+        addon whose host processes stand in for its Deployments/DaemonSets."""
         services = {r.service: r.ports[0] for r in self.processes() if r.service and r.ports}
-        return LocalTransform((self.pki / "ca.crt").read_bytes(), services)
+        ca = pki.KeyPair(self.pki / "ca.crt", self.pki / "ca.key")
+        return LocalTransform(ca, self.pki, self.block, services, dry_run_workloads)
+
+    @property
+    def block(self) -> int | None:
+        """K of the cluster's loopback block 127.K.0.0/16 (harness/podrunner/network.py),
+        None while the cluster is down."""
+        if not self._state_file.exists():
+            return None
+        return json.loads(self._state_file.read_text()).get("block")
 
     def issue_serving_cert(self, stem: str, cn: str) -> pki.KeyPair:
         """A serving cert for a component on 127.0.0.1, signed by the cluster CA."""
@@ -505,7 +567,11 @@ class LocalCluster:
         while time.monotonic() < deadline and any(port_in_use(p) for p in ports):
             time.sleep(0.05)
         busy = [p for p in ports if port_in_use(p)]
+        left = runtime.kill_leftovers(self.dir)
+        if left:
+            progress(f"stopped {left} process(es) left behind by the cluster's pods")
         self._state_file.unlink(missing_ok=True)
+        network.release_block(self.dir)
         if busy:
             raise HarnessError(f"ports {busy} are still in use after stopping the cluster")
         progress(f"cluster {self.spec.name} stopped ({len(procs)} processes)")

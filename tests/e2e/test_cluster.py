@@ -13,7 +13,7 @@ from demos.cluster import gpu_job, gpu_pod_spec
 from gpulab.fakegpu import profiles
 from gpulab.trace import ObjectRef, Tracer, follow
 from gpulab.wait import wait_for
-from harness.apply import LocalTransform, apply
+from harness.apply import apply
 from harness.errors import HarnessError
 
 
@@ -131,7 +131,7 @@ spec:
     spec: {{containers: [{{name: c, image: gpulab:dev}}]}}
 """
     )
-    transform = LocalTransform(b"")
+    transform = cluster.local.apply_transform(dry_run_workloads=True)
     applied = apply(cluster.api, [tmp_path / "ok.yaml"], lambda _m: None, transform)
     assert [(a.kind, a.dry_run) for a in applied] == [("ConfigMap", False), ("DaemonSet", True)]
     core, apps = client.CoreV1Api(cluster.api), client.AppsV1Api(cluster.api)
