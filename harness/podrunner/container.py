@@ -19,6 +19,7 @@ run as a host process on the local backend (docs/local-backend.md):
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,8 +130,7 @@ def resource_value(container: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
         return "0"
     value = parse_quantity(raw) / parse_quantity(ref.get("divisor", "1"))
     # kubelet rounds up: a 500m CPU limit with divisor 1 is "1"
-    whole = -(-value // 1)
-    return str(int(whole))
+    return str(math.ceil(value))
 
 
 Lookup = Mapping[str, Mapping[str, str]]

@@ -16,6 +16,8 @@ from harness.errors import HarnessError
 TABLE = Path(__file__).resolve().parents[1] / "pod-images.yaml"
 REPO = Path(__file__).resolve().parents[2]
 LAB_IMAGE = "gpulab:dev"
+# after the image's own directories, a host process finds the host's tools (sh, sleep ...)
+SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 ADAPTERS = ("kube-scheduler",)
 
 
@@ -28,11 +30,15 @@ class Image:
     links: dict[str, str] = field(default_factory=dict)
     adapter: str | None = None
 
+    @property
+    def search_path(self) -> tuple[str, ...]:
+        return (*self.path, *SYSTEM_PATH)
+
     def which(self, command: str) -> str | None:
         """Resolve a command as the image's PATH would."""
         if "/" in command:
             return command if os.access(command, os.X_OK) else None
-        for directory in self.path:
+        for directory in self.search_path:
             candidate = Path(directory) / command
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 return str(candidate)

@@ -42,14 +42,12 @@ def acquire_block(owner: Path) -> int:
     and taken over; the cluster that already holds a block gets it back.
     """
     registry = _registry()
-    for k in _BLOCKS:
-        entry = registry / str(k)
-        try:
-            held_by = Path(entry.read_text().strip())
-        except FileNotFoundError:
-            held_by = None
+    holders = {k: _holder(registry / str(k)) for k in _BLOCKS}
+    for k, held_by in holders.items():
         if held_by == owner:
             return k
+    for k, held_by in holders.items():
+        entry = registry / str(k)
         if held_by is not None and (held_by / "cluster.json").exists():
             continue
         tmp = registry / f".{k}.{os.getpid()}"
@@ -68,6 +66,13 @@ def acquire_block(owner: Path) -> int:
         f"no free loopback block 127.K.0.0/16 for a new cluster (all of {_BLOCKS.start}.."
         f"{_BLOCKS.stop - 1} are held; see {registry}); stop a cluster with `gpulab down`"
     )
+
+
+def _holder(entry: Path) -> Path | None:
+    try:
+        return Path(entry.read_text().strip())
+    except FileNotFoundError:
+        return None
 
 
 def release_block(owner: Path) -> None:

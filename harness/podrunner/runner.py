@@ -159,7 +159,8 @@ class _Container:
     process: runtime.Process | None = None
     plan: containers.Plan | None = None
     next_start: float = 0.0  # monotonic; back-off before the next start
-    delay: float = 0.0  # the current back-off
+    waiting: float = 0.0  # the back-off being waited out
+    delay: float = 0.0  # the back-off after the next failure
     probers: dict[str, probes.Prober] | None = None
 
 
@@ -348,7 +349,7 @@ class PodWorker(threading.Thread):
                 return
             self._schedule_restart(c, now)
         if now < c.next_start:
-            delay = round(c.delay)
+            delay = round(c.waiting)
             meta = pod["metadata"]
             who = f"{meta['name']}_{meta['namespace']}({self.uid})"
             message = f"back-off {delay}s restarting failed container={c.spec['name']} pod={who}"
@@ -373,6 +374,7 @@ class PodWorker(threading.Thread):
         c.status.last_state = {"terminated": term}
         c.status.state = {"waiting": {"reason": "ContainerCreating"}}
         c.status.restart_count += 1
+        c.waiting = c.delay
         c.next_start = now + c.delay
         c.delay = min(max(c.delay * 2, self.cfg.backoff_initial), self.cfg.backoff_max)
 
@@ -398,7 +400,8 @@ class PodWorker(threading.Thread):
         except containers.ContainerError as exc:
             c.status.state = {"waiting": {"reason": exc.reason, "message": str(exc)}}
             self._event_once("Failed", f"Error: {exc}")
-            c.next_start = time.monotonic() + max(c.delay, self.cfg.backoff_initial)
+            c.waiting = max(c.delay, self.cfg.backoff_initial)
+            c.next_start = time.monotonic() + c.waiting
             return
         except OSError as exc:
             stamp = now_rfc3339()
@@ -451,7 +454,7 @@ class PodWorker(threading.Thread):
             **self.cfg.service_env,
             "HOSTNAME": pod["metadata"]["name"],
             "HOME": str(self.dir / "home"),
-            "PATH": ":".join([*c.image.path, "/usr/local/bin", "/usr/bin", "/bin"]),
+            "PATH": ":".join(c.image.search_path),
         }
         mounts = self.volumes.mounts(c.spec)
         ip = None if pod["spec"].get("hostNetwork") else self.pod_ip
