@@ -8,11 +8,18 @@ One step of an upstream call chain (``ListAndWatch``, ``Allocate``, ``Filter``, 
 - one JSON log line on stderr with the same fields plus the detail.
 
 Events are posted from a background thread: a component's hot path (an extender's
-``/filter``, a plugin's ``Allocate``) never waits for the API server.
+``/filter``, a plugin's ``Allocate``) never waits for the API server. Repeated Events are
+aggregated as client-go's ``tools/events`` broadcaster (v0.36.3) does: an Event with the
+same type, action, reason, reporter and object as one recorded in the last 6 minutes is
+not written again; the first repeat turns the original into a series (``series.count``
+2, PATCHed at once), later repeats only count in memory and the series is written back
+every 30 minutes and when it ends (6 minutes without a repeat). The JSON log line is
+written for every step.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import logging
@@ -31,6 +38,19 @@ _log = logging.getLogger("gpulab.trace")
 
 # events.k8s.io/v1 limits `note` to 1 kB.
 _NOTE_LIMIT = 1024
+# client-go tools/events: finishTime and refreshTime
+SERIES_FINISH = 360.0
+SERIES_REFRESH = 1800.0
+
+
+@dataclass
+class _Recorded:
+    """An Event written to the API server, and its series (client-go's eventCache)."""
+
+    event: client.EventsV1Event
+    count: int = 1
+    last: dt.datetime | None = None
+    refreshed: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -87,9 +107,11 @@ class Tracer:
         self.instance = instance or component
         self._stream = stream or sys.stderr
         self._events = client.EventsV1Api(api) if api is not None else None
-        self._queue: queue.Queue[client.EventsV1Event] = queue.Queue(maxsize=10_000)
+        # (create | patch, event); the worker thread writes them in order
+        self._queue: queue.Queue[tuple[str, client.EventsV1Event]] = queue.Queue(maxsize=10_000)
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._recorded: dict[tuple[Any, ...], _Recorded] = {}
 
     def step(
         self,
@@ -114,12 +136,48 @@ class Tracer:
         self._stream.flush()
         if self._events is None or regarding is None:
             return
-        event = self._event(step, regarding, message, warning, now)
         self._ensure_worker()
+        event = self._event(step, regarding, message, warning, now)
+        key = (event.type, step, step, event.reporting_controller, self.instance, regarding)
+        with self._lock:
+            recorded = self._recorded.get(key)
+            if recorded is None:
+                self._recorded[key] = _Recorded(event, refreshed=time.monotonic())
+                self._enqueue("create", event)
+                return
+            recorded.count += 1
+            recorded.last = now
+            if recorded.count == 2:  # the first repeat starts the series at once
+                self._enqueue("patch", self._series(recorded))
+
+    def _enqueue(self, op: str, event: client.EventsV1Event) -> None:
         try:
-            self._queue.put_nowait(event)
+            self._queue.put_nowait((op, event))
         except queue.Full:
-            _log.warning("trace queue full; dropping Event %s for %s", step, regarding)
+            _log.warning("trace queue full; dropping Event %s", event.reason)
+
+    @staticmethod
+    def _series(recorded: _Recorded) -> client.EventsV1Event:
+        # a copy: the original may still wait in the queue to be created
+        event = copy.deepcopy(recorded.event)
+        event.series = client.EventsV1EventSeries(
+            count=recorded.count, last_observed_time=recorded.last
+        )
+        return event
+
+    def _tend_series(self) -> None:
+        """client-go's refreshExistingEventSeries (30 min) and finishSeries (6 min)."""
+        now = dt.datetime.now(dt.UTC)
+        mono = time.monotonic()
+        with self._lock:
+            for key, rec in list(self._recorded.items()):
+                last = rec.last or rec.event.event_time
+                finished = (now - last).total_seconds() > SERIES_FINISH
+                if rec.count > 1 and (finished or mono - rec.refreshed > SERIES_REFRESH):
+                    rec.refreshed = mono
+                    self._enqueue("patch", self._series(rec))
+                if finished:
+                    del self._recorded[key]
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until every queued Event has been posted (demos and tests call this)."""
@@ -138,15 +196,39 @@ class Tracer:
     def _run(self) -> None:
         assert self._events is not None
         while True:
-            event = self._queue.get()
             try:
-                self._events.create_namespaced_event(event.metadata.namespace, event)
+                op, event = self._queue.get(timeout=60)
+            except queue.Empty:
+                self._tend_series()
+                continue
+            try:
+                self._write(op, event)
             except ApiException as exc:
                 _log.warning("could not post Event %s: %s %s", event.reason, exc.status, exc.reason)
             except Exception as exc:  # the API server may be gone; never kill the component
                 _log.warning("could not post Event %s: %s", event.reason, exc)
             finally:
                 self._queue.task_done()
+            if self._queue.empty():
+                self._tend_series()
+
+    def _write(self, op: str, event: client.EventsV1Event) -> None:
+        assert self._events is not None
+        ns = event.metadata.namespace
+        if op == "patch":
+            series = {
+                "count": event.series.count,
+                "lastObservedTime": event.series.last_observed_time.strftime(
+                    "%Y-%m-%dT%H:%M:%S.%fZ"
+                ),
+            }
+            try:
+                self._events.patch_namespaced_event(event.metadata.name, ns, {"series": series})
+                return
+            except ApiException as exc:
+                if exc.status != 404:  # the Event expired meanwhile: create it again
+                    raise
+        self._events.create_namespaced_event(ns, event)
 
     def _event(
         self, step: str, ref: ObjectRef, message: str, warning: bool, now: dt.datetime
