@@ -31,8 +31,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from gpulab.informer import EVENTS, SYNCED, ListWatch, Store, reflect
 
 _log = logging.getLogger("gpulab.trace")
 
@@ -270,41 +272,59 @@ class TraceEvent:
     warning: bool
 
 
-def _to_trace_event(ev: client.CoreV1Event) -> TraceEvent:
-    # Read through core/v1: it shows Events written with either API (kube-scheduler and
-    # the Job controller still write core/v1 ones, which events.k8s.io/v1 models reject
-    # for lacking eventTime).
-    obj = ev.involved_object
+def _time(value: str | None) -> dt.datetime | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def to_trace_event(ev: Mapping[str, Any]) -> TraceEvent:
+    """An Event as the core/v1 API serves it (a dict), as a trace step.
+
+    Read through core/v1: it shows Events written with either API (kube-scheduler and the
+    Job controller still write core/v1 ones).
+    """
+    obj = ev.get("involvedObject") or {}
+    meta = ev.get("metadata") or {}
     when = (
-        ev.event_time or ev.last_timestamp or ev.first_timestamp or ev.metadata.creation_timestamp
+        _time(ev.get("eventTime"))
+        or _time(ev.get("lastTimestamp"))
+        or _time(ev.get("firstTimestamp"))
+        or _time(meta.get("creationTimestamp"))
     )
-    component = ev.reporting_component or (ev.source.component if ev.source else None) or "?"
-    where = f"{obj.namespace}/" if obj and obj.namespace else ""
+    component = ev.get("reportingComponent") or (ev.get("source") or {}).get("component") or "?"
+    where = f"{obj['namespace']}/" if obj.get("namespace") else ""
     return TraceEvent(
         time=when or dt.datetime.now(dt.UTC),
         component=component.removeprefix("gpulab.io/"),
-        step=ev.reason or ev.action or "?",
-        regarding=f"{obj.kind} {where}{obj.name}" if obj else "?",
-        note=ev.message or "",
-        warning=ev.type == "Warning",
+        step=ev.get("reason") or ev.get("action") or "?",
+        regarding=f"{obj.get('kind')} {where}{obj.get('name')}" if obj else "?",
+        note=ev.get("message") or "",
+        warning=ev.get("type") == "Warning",
     )
 
 
+def events(api: client.ApiClient, namespace: str) -> ListWatch:
+    """The core/v1 Events of ``namespace``, to follow with gpulab.informer."""
+    return ListWatch(api, EVENTS, namespace=namespace)
+
+
 def follow(
-    api: client.ApiClient, namespace: str, timeout_seconds: int | None = None
+    api: client.ApiClient, namespace: str, stop: threading.Event | None = None
 ) -> Iterator[TraceEvent]:
-    """Yield the Events of ``namespace`` as they are written (existing ones first)."""
-    core = client.CoreV1Api(api)
-    listing = core.list_namespaced_event(namespace)
-    items = sorted(listing.items, key=lambda e: _to_trace_event(e).time)
-    yield from (_to_trace_event(e) for e in items)
-    w = watch.Watch()
-    kwargs: dict[str, Any] = {"resource_version": listing.metadata.resource_version}
-    if timeout_seconds is not None:
-        kwargs["timeout_seconds"] = timeout_seconds
-    for item in w.stream(core.list_namespaced_event, namespace, **kwargs):
-        if item["type"] == "ADDED":
-            yield _to_trace_event(item["object"])
+    """Yield the Events of ``namespace`` as they are written (existing ones first, oldest
+    first), until ``stop`` is set."""
+    first: list[TraceEvent] | None = []
+    for delta in reflect(events(api, namespace), Store(), stop or threading.Event()):
+        if delta.type == SYNCED and first is not None:
+            yield from sorted(first, key=lambda e: e.time)
+            first = None
+        elif delta.type == "ADDED":
+            ev = to_trace_event(delta.obj)
+            if first is None:
+                yield ev
+            else:
+                first.append(ev)
 
 
 def render_line(ev: TraceEvent) -> str:

@@ -30,10 +30,12 @@ from typing import Any
 import httpx
 import yaml
 
-from gpulab.fakegpu import profiles
+from gpulab.fakegpu import faults, profiles
 from gpulab.state import cluster_dir
+from gpulab.wait import WaitTimeout, wait_for
 from harness import addons, binaries, pki
 from harness.apply import MANIFESTS, LocalTransform, apply
+from harness.backends import ClusterAPI
 from harness.errors import HarnessError
 from harness.podrunner import network, runtime, volumes
 from harness.ports import free_port, port_in_use
@@ -45,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 START_TIMEOUT = 90.0
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 POD_RUNNER = "pod-runner"
+FAKE_GPU_STATE = "/var/lib/fake-gpu"  # the device plugin DaemonSet's hostPath
 
 
 @dataclass
@@ -75,7 +78,7 @@ def pid_alive(pid: int, exe: str | None = None) -> bool:
     return cmdline.split(b"\0")[0].decode() == exe
 
 
-class LocalCluster:
+class LocalCluster(ClusterAPI):
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
         self.dir = cluster_dir(spec.name)
@@ -126,7 +129,7 @@ class LocalCluster:
             return
         if self.processes():  # a previous cluster died half-way: clear what is left
             self.down(lambda _m: None)
-        binaries.require_built()
+        binaries.build_all(progress)  # nothing to do when cached
         self._check_ports()
         started = time.monotonic()
         self._prepare_dir()
@@ -421,22 +424,37 @@ class LocalCluster:
             kwargs["verify"] = False
         elif tls:
             kwargs["verify"] = self.admin_ssl_context()
-        deadline = time.monotonic() + START_TIMEOUT
         with httpx.Client(**kwargs) as client:
-            while time.monotonic() < deadline:
-                self.check_alive()
+
+            def healthy() -> bool:
+                self.check_alive()  # a component that died says so at once
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(url).status_code == 200:
-                        return
-                time.sleep(0.1)
-        raise HarnessError(f"{what} did not become healthy in {START_TIMEOUT:.0f}s ({url})")
+                    return client.get(url).status_code == 200
+                return False
+
+            try:
+                wait_for(healthy, START_TIMEOUT, f"{what} ({url})", interval=0.1)
+            except WaitTimeout:
+                raise HarnessError(
+                    f"{what} did not become healthy in {START_TIMEOUT:.0f}s ({url})"
+                ) from None
 
     # ---------------------------------------------------------------- nodes
 
-    def api(self) -> Any:
-        from gpulab.kube import api_client
+    # ---------------------------------------------------------------- GPUs
 
-        return api_client(self.kubeconfig)
+    def fake_gpu_dir(self, node: str) -> Path:
+        """The node's NVML shim state (config, faults.log): /var/lib/fake-gpu/<node> on the
+        node, where the device plugin's init container renders it."""
+        return volumes.host_path(self.dir, node, FAKE_GPU_STATE) / node
+
+    def inject_fault(self, node: str, gpu: int, xid: int) -> None:
+        faults.inject_xid(self.fake_gpu_dir(node), gpu, xid)
+
+    def clear_faults(self, node: str, gpu: int | None = None) -> None:
+        faults.clear(self.fake_gpu_dir(node), gpu)
+
+    # ---------------------------------------------------------------- nodes
 
     def _create_nodes(self, progress: Progress) -> None:
         from kubernetes import client
@@ -481,30 +499,33 @@ class LocalCluster:
 
         api = self.api()
         core = client.CoreV1Api(api)
-        deadline = time.monotonic() + START_TIMEOUT
         want = {n.name for n in self.spec.nodes}
-        last = -1
-        while time.monotonic() < deadline:
+        ready: set[str] = set()
+
+        def all_ready() -> bool:
             self.check_alive()
-            ready = {
+            now = {
                 n.metadata.name
                 for n in core.list_node().items
                 if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-            }
-            if len(ready & want) != last:
-                last = len(ready & want)
-                progress(f"nodes Ready: {last}/{len(want)}")
+            } & want
+            if now != ready:
+                ready.clear()
+                ready.update(now)
+                progress(f"nodes Ready: {len(now)}/{len(want)}")
             # Pods need the namespace's default ServiceAccount (made by the controller-manager).
-            if want <= ready and _has_default_sa(core):
-                for name in ("controller-manager", "scheduler"):
-                    port = self.spec.ports["controllerManager" if name[0] == "c" else "scheduler"]
-                    self.wait_http(f"https://127.0.0.1:{port}/healthz", name, verify=False)
-                return
-            time.sleep(0.2)
-        raise HarnessError(
-            f"nodes not Ready after {START_TIMEOUT:.0f}s: {sorted(want - ready)}; "
-            f"see {self.dir / 'logs' / 'kwok.log'}"
-        )
+            return want <= now and _has_default_sa(core)
+
+        try:
+            wait_for(all_ready, START_TIMEOUT, "nodes to be Ready")
+        except WaitTimeout:
+            raise HarnessError(
+                f"nodes not Ready after {START_TIMEOUT:.0f}s: {sorted(want - ready)}; "
+                f"see {self.dir / 'logs' / 'kwok.log'}"
+            ) from None
+        for name, key in (("controller-manager", "controllerManager"), ("scheduler", "scheduler")):
+            port = self.spec.ports[key]
+            self.wait_http(f"https://127.0.0.1:{port}/healthz", name, verify=False)
 
     def ensure_addon(self, name: str, progress: Progress) -> None:
         """Start an addon (harness/addons) on this running cluster unless it already runs.
@@ -540,6 +561,9 @@ class LocalCluster:
             return None
         return json.loads(self._state_file.read_text()).get("block")
 
+    def apply(self, paths: list[Path], progress: Progress) -> None:
+        apply(self.api(), paths, progress, self.apply_transform())
+
     def issue_serving_cert(self, stem: str, cn: str) -> pki.KeyPair:
         """A serving cert for a component on 127.0.0.1, signed by the cluster CA."""
         ca = pki.KeyPair(self.pki / "ca.crt", self.pki / "ca.key")
@@ -563,9 +587,8 @@ class LocalCluster:
         for rec in reversed(control):
             _stop(rec)
         ports = [port for rec in procs for port in rec.ports]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(port_in_use(p) for p in ports):
-            time.sleep(0.05)
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: not any(port_in_use(p) for p in ports), 10, "ports", 0.05)
         busy = [p for p in ports if port_in_use(p)]
         left = runtime.kill_leftovers(self.dir)
         if left:
@@ -576,9 +599,6 @@ class LocalCluster:
             raise HarnessError(f"ports {busy} are still in use after stopping the cluster")
         progress(f"cluster {self.spec.name} stopped ({len(procs)} processes)")
 
-    def status(self) -> list[tuple[str, int, bool]]:
-        return [(r.name, r.pid, pid_alive(r.pid, r.exe)) for r in self.processes()]
-
 
 def _stop(*recs: ProcessRecord, grace: float = 10.0) -> None:
     """SIGTERM each process's group, wait up to ``grace`` for all, SIGKILL what is left."""
@@ -586,9 +606,8 @@ def _stop(*recs: ProcessRecord, grace: float = 10.0) -> None:
     for rec in alive:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(rec.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(pid_alive(r.pid, r.exe) for r in alive):
-        time.sleep(0.02)
+    with contextlib.suppress(WaitTimeout):
+        wait_for(lambda: not any(pid_alive(r.pid, r.exe) for r in alive), grace, "exit", 0.02)
     for rec in alive:
         if pid_alive(rec.pid, rec.exe):
             with contextlib.suppress(ProcessLookupError):

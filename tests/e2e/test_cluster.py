@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 
 import httpx
 import pytest
@@ -103,14 +104,15 @@ def test_tracer_events_are_read_back_by_the_live_reader(cluster, namespace) -> N
     ref = ObjectRef("ConfigMap", "probe", namespace)
     tracer.step("Reconcile", ref, "reconciled the probe", generation=1)
     tracer.flush()
-    seen = list(follow(cluster.api, namespace, timeout_seconds=1))
-    steps = [(e.component, e.step, e.regarding, e.note) for e in seen]
-    assert (
-        "e2e-probe",
-        "Reconcile",
-        f"ConfigMap {namespace}/probe",
-        "reconciled the probe",
-    ) in steps
+    want = ("e2e-probe", "Reconcile", f"ConfigMap {namespace}/probe", "reconciled the probe")
+    stop = threading.Event()
+    threading.Timer(30, stop.set).start()  # the listing has it already; this bounds a failure
+    for ev in follow(cluster.api, namespace, stop):
+        if (ev.component, ev.step, ev.regarding, ev.note) == want:
+            break
+    else:
+        raise AssertionError("the Event never arrived")
+    stop.set()
 
 
 def test_apply_validates_against_the_real_api_server(cluster, namespace, tmp_path) -> None:
