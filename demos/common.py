@@ -115,7 +115,13 @@ class LiveTrace:
 
     def __enter__(self) -> LiveTrace:
         for ns in (self.namespace, *self.also):
-            handlers = informer.Handlers(on_add=lambda ev, ns=ns: self._event(ev, ns))
+            handlers = informer.Handlers(
+                on_add=lambda ev, ns=ns: self._event(ev, ns),
+                # a repeat of an Event is its series growing (client-go's aggregation)
+                on_update=lambda old, new, ns=ns: (
+                    trace.repeated(informer.Delta("MODIFIED", new, old)) and self._event(new, ns)
+                ),
+            )
             self._informers.append(informer.Informer(trace.events(self.api, ns), handlers))
         pods = informer.ListWatch(self.api, informer.PODS, namespace=self.namespace)
         handlers = informer.Handlers(on_add=self._pod, on_update=lambda _old, new: self._pod(new))

@@ -34,7 +34,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpulab.informer import EVENTS, SYNCED, ListWatch, Store, reflect
+from gpulab.informer import EVENTS, SYNCED, Delta, ListWatch, Store, reflect
 
 _log = logging.getLogger("gpulab.trace")
 
@@ -64,6 +64,8 @@ class ObjectRef:
     namespace: str | None = None
     uid: str | None = None
     api_version: str = "v1"
+    # a part of the object, as kubelet names a container: "spec.containers{web}"
+    field_path: str | None = None
 
     @classmethod
     def of(cls, obj: Any) -> ObjectRef:
@@ -256,6 +258,7 @@ class Tracer:
                 namespace=ref.namespace,
                 uid=ref.uid,
                 api_version=ref.api_version,
+                field_path=ref.field_path,
             ),
         )
 
@@ -270,6 +273,7 @@ class TraceEvent:
     regarding: str
     note: str
     warning: bool
+    count: int = 1  # how often it happened (an Event series)
 
 
 def _time(value: str | None) -> dt.datetime | None:
@@ -286,8 +290,10 @@ def to_trace_event(ev: Mapping[str, Any]) -> TraceEvent:
     """
     obj = ev.get("involvedObject") or {}
     meta = ev.get("metadata") or {}
+    series = ev.get("series") or {}
     when = (
-        _time(ev.get("eventTime"))
+        _time(series.get("lastObservedTime"))
+        or _time(ev.get("eventTime"))
         or _time(ev.get("lastTimestamp"))
         or _time(ev.get("firstTimestamp"))
         or _time(meta.get("creationTimestamp"))
@@ -301,7 +307,17 @@ def to_trace_event(ev: Mapping[str, Any]) -> TraceEvent:
         regarding=f"{obj.get('kind')} {where}{obj.get('name')}" if obj else "?",
         note=ev.get("message") or "",
         warning=ev.get("type") == "Warning",
+        count=int(series.get("count") or ev.get("count") or 1),
     )
+
+
+def repeated(delta: Delta) -> bool:
+    """Whether a watch event is a new occurrence: a new Event, or a series that grew."""
+    if delta.type == "ADDED":
+        return True
+    if delta.type != "MODIFIED" or delta.old is None:
+        return False
+    return to_trace_event(delta.obj).count > to_trace_event(delta.old).count
 
 
 def events(api: client.ApiClient, namespace: str) -> ListWatch:
@@ -319,7 +335,7 @@ def follow(
         if delta.type == SYNCED and first is not None:
             yield from sorted(first, key=lambda e: e.time)
             first = None
-        elif delta.type == "ADDED":
+        elif repeated(delta):
             ev = to_trace_event(delta.obj)
             if first is None:
                 yield ev
@@ -330,11 +346,12 @@ def follow(
 def render_line(ev: TraceEvent) -> str:
     """One trace step as rich markup, the way demos and `gpulab trace` print it."""
     colour = "red" if ev.warning else "cyan"
+    times = f" [dim](x{ev.count})[/dim]" if ev.count > 1 else ""
     return (
         f"[dim]{ev.time.astimezone().strftime('%H:%M:%S')}[/dim] "
         f"[bold magenta]{ev.component:<22}[/bold magenta] "
         f"[bold {colour}]{ev.step:<18}[/bold {colour}] "
-        f"[green]{ev.regarding}[/green]  {ev.note}"
+        f"[green]{ev.regarding}[/green]  {ev.note}{times}"
     )
 
 

@@ -19,6 +19,7 @@ the images it can run in ``harness/pod-images.yaml``, the pod network in network
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -310,6 +311,11 @@ class PodWorker(threading.Thread):
             if c.process is None:
                 c.status.state = {"waiting": {"reason": reason, "message": message}}
 
+    def _ref(self, c: _Container) -> ObjectRef:
+        """The container, as kubelet's Events name it (each its own Event series)."""
+        kind = "initContainers" if c.status.init else "containers"
+        return dataclasses.replace(self.ref, field_path=f"spec.{kind}{{{c.spec['name']}}}")
+
     def _event_once(self, reason: str, message: str, warning: bool = True) -> None:
         if message in self._warned:
             return
@@ -356,7 +362,7 @@ class PodWorker(threading.Thread):
             if c.status.state.get("waiting", {}).get("reason") != "CrashLoopBackOff":
                 self.tracer.step(
                     "BackOff",
-                    self.ref,
+                    self._ref(c),
                     f"Back-off restarting failed container {c.spec['name']} in pod {who}",
                     warning=True,
                 )
@@ -415,7 +421,7 @@ class PodWorker(threading.Thread):
                     "finishedAt": stamp,
                 }
             }
-            self.tracer.step("Failed", self.ref, f"Error: {message}", warning=True)
+            self.tracer.step("Failed", self._ref(c), f"Error: {message}", warning=True)
             return
         started = c.process.started.strftime("%Y-%m-%dT%H:%M:%SZ")
         c.status.state = {"running": {"startedAt": started}}
@@ -432,7 +438,7 @@ class PodWorker(threading.Thread):
             self._update_logs(pod)
         self.tracer.step(
             "Started",
-            self.ref,
+            self._ref(c),
             f"Started container {name} (pid {c.process.pid})",
             container=name,
             argv=c.plan.argv,
@@ -532,7 +538,7 @@ class PodWorker(threading.Thread):
             if not ok:
                 self.tracer.step(
                     "Unhealthy",
-                    self.ref,
+                    self._ref(c),
                     f"{kind.capitalize()} probe failed: {message}",
                     warning=True,
                     container=c.spec["name"],
@@ -547,7 +553,7 @@ class PodWorker(threading.Thread):
             elif not verdict:  # liveness or startup failed: kubelet kills and restarts it
                 self.tracer.step(
                     "Killing",
-                    self.ref,
+                    self._ref(c),
                     f"Container {c.spec['name']} failed {kind} probe, will be restarted",
                     container=c.spec["name"],
                 )
@@ -580,7 +586,7 @@ class PodWorker(threading.Thread):
         for c in running:
             self.tracer.step(
                 "Killing",
-                self.ref,
+                self._ref(c),
                 f"Stopping container {c.spec['name']}",
                 container=c.spec["name"],
             )

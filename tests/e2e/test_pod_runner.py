@@ -140,7 +140,8 @@ def test_a_lab_pod_runs_as_a_process_with_its_env_volumes_and_logs(cluster, name
     # kubectl logs, served by kwok from the runner's CRI log files
     logs = core.read_namespaced_pod_log("web", namespace, container="web")
     assert "listening on" in logs
-    assert ("Started", f"Started container web (pid {pid})") in _events(cluster, namespace, "web")
+    started = ("Started", f"Started container web (pid {pid})")
+    wait_for(lambda: started in _events(cluster, namespace, "web"), 20, "the Started Event")
 
 
 def test_a_killed_process_restarts_and_a_deleted_pod_stops_it(cluster, namespace) -> None:
@@ -341,3 +342,86 @@ def test_unknown_image_waits_with_a_reason(cluster, namespace) -> None:
 
     message = wait_for(reason, 30, "ErrImagePull on the unknown image")
     assert "nginx:1.27" in message and "pod-images.yaml" in message
+
+
+def test_a_daemonset_rollout_replaces_processes_one_node_at_a_time(cluster, namespace) -> None:
+    from gpulab import informer
+
+    apps = client.AppsV1Api(cluster.api)
+    selector = {"nvidia.com/gpu.present": "true"}
+    nodes = (
+        client.CoreV1Api(cluster.api).list_node(label_selector="nvidia.com/gpu.present=true").items
+    )
+    ds = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "agent", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {
+                    "nodeSelector": selector,
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [
+                        {
+                            "name": "agent",
+                            "image": "gpulab:dev",
+                            "command": ["sleep", "3600"],
+                            "env": [{"name": "VERSION", "value": "1"}],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    apps.create_namespaced_daemon_set(namespace, ds)
+
+    def ready_pods() -> list[dict[str, Any]]:
+        return [
+            p
+            for p in pods.store.list()
+            if not p["metadata"].get("deletionTimestamp")
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        ]
+
+    lowest: list[int] = []
+    rolling = [False]
+
+    def observe(*_objs: Any) -> None:
+        if rolling[0]:
+            lowest.append(len(ready_pods()))
+
+    pods = informer.Informer(
+        informer.ListWatch(cluster.api, informer.PODS, namespace=namespace),
+        informer.Handlers(on_add=observe, on_update=observe, on_delete=observe),
+    ).start()
+    try:
+        wait_for(lambda: len(ready_pods()) == len(nodes), 90, "one Ready agent per GPU node")
+        before = {p["status"]["containerStatuses"][0]["containerID"] for p in ready_pods()}
+        rolling[0] = True
+        ds["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] = "2"
+        apps.patch_namespaced_daemon_set("agent", namespace, ds)
+
+        def rolled() -> bool:
+            current = apps.read_namespaced_daemon_set("agent", namespace)
+            status = current.status
+            return (
+                status.observed_generation == current.metadata.generation
+                and status.updated_number_scheduled == len(nodes)
+                and status.number_ready == len(nodes)
+                and len(ready_pods()) == len(nodes)
+            )
+
+        wait_for(rolled, 180, "the rollout to finish")
+        after = {p["status"]["containerStatuses"][0]["containerID"] for p in ready_pods()}
+    finally:
+        pods.stop()
+        apps.delete_namespaced_daemon_set("agent", namespace)
+    assert not before & after  # every process was replaced
+    assert not any(_alive(int(c.removeprefix("gpulab://"))) for c in before)
+    assert min(lowest) == len(nodes) - 1  # one node at a time, and one at least
