@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from gpulab.deviceplugin.config import MIG_STRATEGIES
 from gpulab.fakegpu import profiles
 from harness.addons import ADDONS
 from harness.errors import HarnessError
@@ -44,8 +45,6 @@ DEFAULT_PORTS = {
     "controllerManager": 30257,
     "scheduler": 30259,
 }
-
-MIG_STRATEGIES = ("none", "single", "mixed")
 
 # Shifts every port of every spec: a second checkout on the same machine (with its own
 # $XDG_STATE_HOME) can then run the same specs beside the first.

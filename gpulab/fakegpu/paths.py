@@ -25,6 +25,7 @@ ENV_STATE_ROOT = "GPULAB_FAKE_GPU_STATE"  # overrides DEFAULT_STATE_ROOT for the
 DEFAULT_STATE_ROOT = cluster_dir(DEFAULT_CLUSTER) / "fake-gpu"
 CONFIG_NAME = "config"
 FAULT_LOG_NAME = "faults.log"
+MIG_MINORS_NAME = "mig-minors"  # the node's /proc/driver/nvidia-caps/mig-minors
 
 # A Kubernetes node name (DNS-1123 subdomain): also safe as a directory name.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
