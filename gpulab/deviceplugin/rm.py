@@ -77,10 +77,10 @@ class Device:
     id: str
     uuid: str  # the physical GPU or MIG UUID the ID stands for
     gpu_index: int  # the physical GPU (the parent of a MIG device)
-    index: str  # upstream's Device.Index: "3" for a GPU, "3:1" for MIG device 1 on GPU 3
     paths: tuple[str, ...]  # host device nodes
     numa_node: int | None
     replica: int | None = None
+    index: str = ""  # upstream's Device.Index: "3" for a GPU, "3:1" for MIG device 1 on GPU 3
     mig: bool = False
 
     @property
@@ -150,9 +150,8 @@ def parse_mig_minors(text: str) -> dict[str, str]:
 
 
 def _gpu_device(gpu: GPUInfo) -> Device:
-    return Device(
-        gpu.uuid, gpu.uuid, gpu.index, str(gpu.index), (f"/dev/nvidia{gpu.minor}",), gpu.numa_node
-    )
+    paths = (f"/dev/nvidia{gpu.minor}",)
+    return Device(gpu.uuid, gpu.uuid, gpu.index, paths, gpu.numa_node, index=str(gpu.index))
 
 
 def _mig_device(gpu: GPUInfo, mig: MigInfo, caps: Mapping[str, str]) -> Device:
@@ -166,9 +165,8 @@ def _mig_device(gpu: GPUInfo, mig: MigInfo, caps: Mapping[str, str]) -> Device:
                 "nvidia-caps module loaded? the lab's fake driver writes it per node)"
             )
     paths = (f"/dev/nvidia{gpu.minor}", caps[gi_cap], caps[ci_cap])
-    return Device(
-        mig.uuid, mig.uuid, gpu.index, f"{gpu.index}:{mig.index}", paths, gpu.numa_node, mig=True
-    )
+    index = f"{gpu.index}:{mig.index}"
+    return Device(mig.uuid, mig.uuid, gpu.index, paths, gpu.numa_node, index=index, mig=True)
 
 
 def _gpu_map(gpus: Sequence[GPUInfo], strategy: str) -> dict[str, list[Device]]:
@@ -218,7 +216,7 @@ def _replicate(
             continue
         out[shared.rename or name] = tuple(
             Device(
-                replica_id(d.id, n), d.uuid, d.gpu_index, d.index, d.paths, d.numa_node, n, d.mig
+                replica_id(d.id, n), d.uuid, d.gpu_index, d.paths, d.numa_node, n, d.index, d.mig
             )
             for d in devices
             for n in range(shared.replicas)
