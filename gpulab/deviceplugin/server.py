@@ -33,7 +33,14 @@ from gpulab.deviceplugin.allocate import (
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
 from gpulab.deviceplugin.config import Config
 from gpulab.deviceplugin.health import CheckHealth, XidFilter
-from gpulab.deviceplugin.rm import HEALTHY, UNHEALTHY, Device, GPUInfo, ResourceSpec
+from gpulab.deviceplugin.rm import (
+    HEALTHY,
+    UNHEALTHY,
+    Device,
+    GPUInfo,
+    ResourceError,
+    ResourceSpec,
+)
 from gpulab.trace import ObjectRef, Tracer
 
 _log = logging.getLogger(__name__)
@@ -41,6 +48,7 @@ _log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 _DIAL_TIMEOUT = 5.0  # upstream dial(..., 5*time.Second)
+MAX_SOCKET_PATH = 105  # what gRPC accepts of sockaddr_un.sun_path (108 bytes)
 
 
 class Allocator(Protocol):
@@ -140,6 +148,11 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         self._health_check.start()
 
     def Serve(self) -> None:
+        if len(str(self.socket).encode()) > MAX_SOCKET_PATH:
+            raise ResourceError(
+                f"socket path {self.socket} is {len(str(self.socket).encode())} bytes; a unix "
+                f"socket path has at most {MAX_SOCKET_PATH}: use a shorter --socket-dir"
+            )
         self._stopping.clear()
         self.socket.unlink(missing_ok=True)  # a stale socket from a previous run
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))

@@ -49,7 +49,7 @@ import grpc
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
 from gpulab.informer import Handlers, Store, key_of
 from gpulab.nodeagent import policy
-from gpulab.nodeagent.endpoint import Endpoint, EndpointError
+from gpulab.nodeagent.endpoint import DIAL_TIMEOUT, Endpoint, EndpointError
 from gpulab.trace import ObjectRef, Tracer
 from gpulab.workqueue import WorkQueue, run_worker
 
@@ -80,11 +80,13 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         tracer: Tracer,
         grace_period: float = policy.ENDPOINT_STOP_GRACE_PERIOD,
         clock: Callable[[], float] = time.monotonic,
+        dial_timeout: float = DIAL_TIMEOUT,
     ) -> None:
         self.node = node
         self.socket_dir = socket_dir
         self.socket = socket_dir / KUBELET_SOCKET
         self.grace_period = grace_period
+        self.dial_timeout = dial_timeout
         # The pod informer's cache and handlers (kubelet's pod manager): handlers only
         # enqueue, the admission worker reads the store.
         self.pods = Store()
@@ -154,7 +156,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             self._on_stopped,
         )
         try:
-            options = endpoint.connect()
+            options = endpoint.connect(self.dial_timeout)
         except ConnectionError as exc:
             context.abort(grpc.StatusCode.UNKNOWN, str(exc))
         with self._lock:
