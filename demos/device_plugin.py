@@ -72,12 +72,13 @@ def _allocatable(core: client.CoreV1Api, node: str, resource: str = GPU) -> int:
     return int((core.read_node(node).status.allocatable or {}).get(resource, "0"))
 
 
-def _registered_since(live: LiveTrace, since: dt.datetime) -> bool:
-    """Has kubelet's side (the node agent) taken a registration from NODE's new plugin?"""
+def _seen_since(live: LiveTrace, since: dt.datetime, component: str, step: str, note: str) -> bool:
+    """Has ``component`` reported ``step`` about NODE (its note containing ``note``)?"""
     return any(
-        ev.component == "node-agent"
-        and ev.step == "Register"
+        ev.component == component
+        and ev.step == step
         and ev.regarding == f"Node {NODE}"
+        and note in ev.note
         and ev.time >= since
         for ev in list(live.seen)
     )
@@ -86,13 +87,23 @@ def _registered_since(live: LiveTrace, since: dt.datetime) -> bool:
 def _restart_plugin(
     core: client.CoreV1Api, local: LocalCluster, live: LiveTrace, gpus: int
 ) -> None:
-    """Restart NODE's plugin and wait for *its* registration and device list to land."""
+    """Restart NODE's plugin and wait for *its* registration, devices and health check."""
     since = dt.datetime.now(dt.UTC)
     local.restart_process(f"device-plugin-{NODE}")
     # The old plugin's ListAndWatch ends first (kubelet: PluginDisconnected, allocatable
     # 0); only the new plugin's Register and ListAndWatch bring the GPUs back.
-    wait_for(lambda: _registered_since(live, since), 60, f"the new plugin on {NODE} to register")
+    wait_for(
+        lambda: _seen_since(live, since, "node-agent", "Register", ""),
+        60,
+        f"the new plugin on {NODE} to register",
+    )
     wait_for(lambda: _allocatable(core, NODE) == gpus, 30, f"{NODE} to advertise {gpus} GPUs again")
+    # Its health check starts after Register: an Xid from before then would never reach it.
+    wait_for(
+        lambda: _seen_since(live, since, "device-plugin", "CheckHealth", "watching"),
+        30,
+        f"the new plugin's health check on {NODE}",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -119,8 +119,10 @@ class CheckHealth(threading.Thread):
         unhealthy: UnhealthyCallback,
         xids: XidFilter,
         name: str = "CheckHealth",
+        on_watching: Callable[[int], None] = lambda _gpus: None,
     ) -> None:
         super().__init__(name=name, daemon=True)
+        self._on_watching = on_watching
         self._devices = list(devices)
         self._gpus = {g.index: g for g in gpus}
         self._by_uuid = {g.uuid: g for g in gpus}
@@ -144,6 +146,8 @@ class CheckHealth(threading.Thread):
             return
         try:
             self._register(event_set)
+            # from here on an Xid reaches this set; one injected earlier never will
+            self._on_watching(len({d.gpu_index for d in self._devices}))
             while not self._stop_event.is_set():
                 self._wait_one(event_set)
         finally:

@@ -144,8 +144,17 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             self.mark_unhealthy,
             self._xids,
             name=f"CheckHealth-{self.resource.name}",
+            on_watching=self._watching,
         )
         self._health_check.start()
+
+    def _watching(self, gpus: int) -> None:
+        self._tracer.step(
+            "CheckHealth",
+            self._node,
+            f"{self.resource.name}: watching {gpus} GPU(s) for Xid critical errors",
+            resource=self.resource.name,
+        )
 
     def Serve(self) -> None:
         if len(str(self.socket).encode()) > MAX_SOCKET_PATH:

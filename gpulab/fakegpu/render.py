@@ -165,6 +165,7 @@ def write_node(profile: Profile, node: str, node_dir: Path, config: Path | None 
     """Everything the fake driver provides on a node: the shim's config (at ``config``,
     default ``<node_dir>/config``) and ``<node_dir>/mig-minors``. Returns the config path."""
     node_dir = Path(node_dir)
+    node_dir.mkdir(parents=True, exist_ok=True)
     path = write(profile, node, config or node_dir / CONFIG_NAME, state_dir=node_dir)
     (node_dir / MIG_MINORS_NAME).write_text(mig_minors(profile))
     return path

@@ -23,10 +23,10 @@ NODE = "n1"
 SAME_NUMA, CROSS_NUMA = 40, 50
 
 
-def node(profile: str, config: Config = Config()):
+def node(profile: str, config: Config | None = None):
     prof = profiles.load(profile)
     gpus = inventory.gpu_infos(prof, NODE)
-    resources = build_resources(gpus, config, parse_mig_minors(mig_minors(prof)))
+    resources = build_resources(gpus, config or Config(), parse_mig_minors(mig_minors(prof)))
     return {g.index: g for g in gpus}, {d.id: d for r in resources for d in r.devices}
 
 
