@@ -58,12 +58,8 @@ def read_inventory() -> list[GPUInfo]:
     """Every GPU (and its MIG devices) NVML reports. NVML must be initialised."""
     count = pynvml.nvmlDeviceGetCount()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    bus_ids = [_bus_id(h) for h in handles]
+    bus_ids = [text(pynvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
     return [_gpu(i, h, handles, bus_ids) for i, h in enumerate(handles)]
-
-
-def _bus_id(handle: object) -> str:
-    return text(pynvml.nvmlDeviceGetPciInfo(handle).busId).lower()
 
 
 def _gpu(index: int, handle: object, handles: list[object], bus_ids: list[str]) -> GPUInfo:
@@ -104,7 +100,7 @@ def _numa_node(handle: object, bus_id: str) -> int | None:
         return node if node >= 0 else None
     except pynvml.NVMLError:
         pass
-    path = SYSFS_PCI / bus_id.removeprefix("0000") / "numa_node"
+    path = SYSFS_PCI / bus_id.lower().removeprefix("0000") / "numa_node"
     try:
         node = int(path.read_text().strip())
     except (OSError, ValueError):
@@ -115,6 +111,7 @@ def _numa_node(handle: object, bus_id: str) -> int | None:
 def _nvlinks(handle: object, index: int, bus_ids: list[str]) -> dict[int, int]:
     """Other GPU index -> active NVLinks to it (go-gpuallocator ``GetNVLink``)."""
     counts: dict[int, int] = {}
+    lowered = [b.lower() for b in bus_ids]
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         try:
             if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
@@ -122,8 +119,8 @@ def _nvlinks(handle: object, index: int, bus_ids: list[str]) -> dict[int, int]:
             remote = text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).lower()
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
             continue
-        if remote in bus_ids and bus_ids.index(remote) != index:
-            peer = bus_ids.index(remote)
+        if remote in lowered and lowered.index(remote) != index:
+            peer = lowered.index(remote)
             counts[peer] = counts.get(peer, 0) + 1
     return counts
 

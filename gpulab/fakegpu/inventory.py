@@ -70,7 +70,7 @@ def gpu_infos(profile: Profile, node: str) -> list[GPUInfo]:
             compute_capability=g.model.compute_capability,
             minor=g.index,
             numa_node=g.numa_node,
-            pci_bus_id=g.pci_bus_id.lower(),
+            pci_bus_id=g.pci_bus_id,
             topology={
                 o.index: TOPOLOGY_NODE if o.numa_node == g.numa_node else TOPOLOGY_SYSTEM
                 for o in profile.gpus
