@@ -1,6 +1,8 @@
 /* fake-gpu: a libnvidia-ml.so.1 (NVIDIA Management Library) that serves the GPUs of a
  * gpulab profile. Exports the NVML entry points device plugins, GPU feature discovery and
- * MIG managers call; see fake-gpu/README.md for the environment and file formats. */
+ * MIG managers call; see fake-gpu/README.md for the environment and file formats.
+ * Semantics (events, MIG instances, struct layouts) follow nvml.h as NVIDIA/go-nvml
+ * v0.13.3 ships it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <libgen.h>

@@ -1,7 +1,8 @@
 """Where the NVML shim and each simulated node's fake-gpu state live.
 
 Every simulated node owns one directory, ``<state root>/<node>/``, holding ``config``
-(the rendered profile the shim reads, see :mod:`gpulab.fakegpu.render`) and
+(the rendered profile the shim reads, see :mod:`gpulab.fakegpu.render`), ``mig-minors``
+(the driver's ``/proc/driver/nvidia-caps/mig-minors``, read by the device plugin) and
 ``faults.log`` (injected faults, see :mod:`gpulab.fakegpu.faults`). Several nodes on one
 machine therefore never share fault state.
 """
