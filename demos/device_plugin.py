@@ -25,7 +25,7 @@ from demos.common import (
     LiveTrace,
     chapter,
     console,
-    ensure_cluster,
+    ensure_backend,
     fresh_namespace,
     ok,
     say,
@@ -33,8 +33,8 @@ from demos.common import (
 from gpulab.fakegpu import faults, profiles
 from gpulab.nodeagent.policy import annotation_key
 from gpulab.wait import WaitTimeout, wait_for
-from harness.addons.device_plugin import fake_gpu_root
-from harness.local import LocalCluster
+from harness.addons.device_plugin import COMPONENT
+from harness.backends import Backend
 
 NAMESPACE = "demo-device-plugin"
 # gpu-h100: 8 GPUs on two NUMA nodes, one NVLink between every pair (so PCIe/NUMA decides),
@@ -84,16 +84,18 @@ def _seen_since(live: LiveTrace, since: dt.datetime, component: str, step: str, 
     )
 
 
-def _restart_plugin(
-    core: client.CoreV1Api, local: LocalCluster, live: LiveTrace, gpus: int
-) -> None:
-    """Restart NODE's plugin and wait for *its* registration, devices and health check."""
+def _restart_plugin(core: client.CoreV1Api, backend: Backend, live: LiveTrace, gpus: int) -> None:
+    """Delete NODE's plugin pod (the DaemonSet makes a new one) and wait for *its*
+    registration, devices and health check."""
     since = dt.datetime.now(dt.UTC)
-    local.restart_process(f"device-plugin-{NODE}")
-    # The old plugin's ListAndWatch ends first (kubelet: PluginDisconnected, allocatable
-    # 0); only the new plugin's Register and ListAndWatch bring the GPUs back.
+    pod = backend.restart(COMPONENT, NODE)
+    ok(f"the DaemonSet started pod {pod.metadata.name} on {NODE}")
+    # The old plugin's ListAndWatch ended with its pod (kubelet: allocatable 0); only the
+    # new plugin's Register and ListAndWatch bring the GPUs back. (Its own Events: the
+    # node agent's repeated Register is one Event series, written back only now and then,
+    # as client-go aggregates them.)
     wait_for(
-        lambda: _seen_since(live, since, "node-agent", "Register", ""),
+        lambda: _seen_since(live, since, "device-plugin", "Register", ""),
         60,
         f"the new plugin on {NODE} to register",
     )
@@ -107,11 +109,11 @@ def _restart_plugin(
 
 
 def run(args: argparse.Namespace) -> int:
-    api, spec = ensure_cluster(args, addons=("device-plugin",))
+    backend, spec = ensure_backend(args, addons=("device-plugin",))
+    api = backend.api()
     core = client.CoreV1Api(api)
     if {NODE, MIG_NODE} - {n.name for n in spec.nodes}:
         raise DemoFailed(f"this demo needs nodes {NODE} and {MIG_NODE} (the default spec)")
-    local = LocalCluster(spec)
     chapter(
         "Chapter 1 - the NVIDIA device plugin (k8s-device-plugin v0.20.0, kubelet v1.36.3)",
         "kubelet knows nothing about GPUs. A device plugin reads them through NVML, registers\n"
@@ -124,19 +126,12 @@ def run(args: argparse.Namespace) -> int:
     by_uuid = {profiles.gpu_uuid(NODE, g.index): g for g in profile.gpus}
 
     with LiveTrace(api, NAMESPACE, also=("default",), nodes=(NODE, MIG_NODE)) as live:
-        if local.running():  # the local backend; on kind the DaemonSet registered at `up`
-            say(f"restart the device plugin on {NODE} (as a DaemonSet rollout would)")
-            _restart_plugin(core, local, live, gpus)
-        else:
-            wait_for(lambda: _allocatable(core, NODE) == gpus, 60, f"{NODE} to advertise GPUs")
+        say(f"restart the device plugin on {NODE} (as a DaemonSet rollout would)")
+        _restart_plugin(core, backend, live, gpus)
         ok(f"{NODE} advertises {GPU}: {gpus} — one per GPU NVML reports")
 
         _numa_pair(core, live, by_uuid)
-
-        if local.running():
-            _xid_and_recovery(core, local, live, gpus)
-        else:  # the shim's fault files live in the kind node containers
-            say("fault injection runs on the local backend only; skipping Xid 79")
+        _xid_and_recovery(core, backend, live, gpus)
 
         _mig(core, live)
     diagram = getattr(args, "diagram", None)
@@ -174,20 +169,17 @@ def _numa_pair(core: client.CoreV1Api, live: LiveTrace, by_uuid: dict) -> None:
     )
 
 
-def _xid_and_recovery(
-    core: client.CoreV1Api, local: LocalCluster, live: LiveTrace, gpus: int
-) -> None:
+def _xid_and_recovery(core: client.CoreV1Api, backend: Backend, live: LiveTrace, gpus: int) -> None:
     """Xid 79 → Unhealthy for good → clear (the fake driver only) → restart → healthy."""
-    node_dir = fake_gpu_root(local.dir) / NODE
     say(f"inject Xid 79 (GPU has fallen off the bus) on {NODE} GPU {BROKEN_GPU}")
-    faults.inject_xid(node_dir, BROKEN_GPU, faults.XID_FALLEN_OFF_BUS)
+    backend.inject_fault(NODE, BROKEN_GPU, faults.XID_FALLEN_OFF_BUS)
     wait_for(lambda: _allocatable(core, NODE) == gpus - 1, 30, "allocatable to drop by one")
     live.expect({"CheckHealth"})
     ok(f"CheckHealth saw the Xid; ListAndWatch re-sent the list with GPU {BROKEN_GPU} "
        f"Unhealthy: allocatable {gpus - 1}, capacity still {gpus}")  # fmt: skip
 
     say("clear the fault in the simulated driver (lab convenience: `gpulab fake-gpu clear`)")
-    faults.clear(node_dir)
+    backend.clear_faults(NODE)
     try:
         wait_for(lambda: _allocatable(core, NODE) == gpus, 3, "a recovery that must not come")
     except WaitTimeout:
@@ -199,7 +191,7 @@ def _xid_and_recovery(
         raise DemoFailed("the plugin marked a GPU Healthy again without a restart")
 
     say("restart the plugin (what an operator does after a GPU reset: delete its pod)")
-    _restart_plugin(core, local, live, gpus)
+    _restart_plugin(core, backend, live, gpus)
     ok(
         f"allocatable back to {gpus}: the new plugin registered a fresh NVML event set, and "
         "NVML does not replay past events to it"

@@ -43,6 +43,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["kubectl"]:  # the rest is kubectl's, flags too (but a leading --spec)
+        head = argv[:3] if argv[1:2] == ["--spec"] else argv[:1]
+        argv = [*head, "--", *argv[len(head) :]]
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -11,9 +11,11 @@ Events are posted from a background thread: a component's hot path (an extender'
 ``/filter``, a plugin's ``Allocate``) never waits for the API server. Repeated Events are
 aggregated as client-go's ``tools/events`` broadcaster (v0.36.3) does: an Event with the
 same type, action, reason, reporter and object as one recorded in the last 6 minutes is
-not written again; the first repeat turns the original into a series (``series.count``
-2, PATCHed at once), later repeats only count in memory and the series is written back
-every 30 minutes and when it ends (6 minutes without a repeat). The JSON log line is
+not written again (the lab also requires the same note, as kubelet's legacy recorder
+does, so a series never shows an older note for a newer step); the first repeat turns
+the original into a series (``series.count`` 2, PATCHed at once), later repeats only
+count in memory and the series is written back every 30 minutes and when it ends (6
+minutes without a repeat). The JSON log line is
 written for every step.
 """
 
@@ -142,7 +144,8 @@ class Tracer:
             return
         self._ensure_worker()
         event = self._event(step, regarding, message, warning, now)
-        key = (event.type, step, step, event.reporting_controller, self.instance, regarding)
+        # client-go's key plus the note: a series never shows an older note for a newer step
+        key = (event.type, step, event.reporting_controller, self.instance, regarding, message)
         with self._lock:
             recorded = self._recorded.get(key)
             if recorded is None:

@@ -59,6 +59,10 @@ class Backend(Protocol):
         """Host processes of the cluster (local backend; empty elsewhere)."""
         ...
 
+    def component_pods(self, component: str, node: str | None = None) -> list[Any]:
+        """The pods of a component (label app.kubernetes.io/name) in gpulab-system."""
+        ...
+
     def restart(self, component: str, node: str | None = None, timeout: float = 90) -> Any:
         """Delete a component's pods (on ``node``) and wait for a Ready replacement."""
         ...

@@ -148,4 +148,5 @@ def cmd_kubectl(args: argparse.Namespace) -> int:
         raise HarnessError("kubectl is not built yet; run `make binaries`")
     env = {**os.environ, "KUBECONFIG": str(cluster_dir(spec.name) / "kubeconfig")}
     sys.stdout.flush()
-    os.execve(kubectl, [str(kubectl), *args.args], env)
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    os.execve(kubectl, [str(kubectl), *rest], env)

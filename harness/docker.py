@@ -31,10 +31,10 @@ from kubernetes import client
 from gpulab.fakegpu import profiles
 from gpulab.state import cluster_dir
 from gpulab.wait import WaitTimeout, wait_for
-from harness import pki
+from harness import addons, pki
 from harness.backends import SYSTEM_NAMESPACE, ClusterAPI, ready_nodes
 from harness.errors import HarnessError
-from harness.spec import PROFILE_MOUNT, ClusterSpec
+from harness.spec import PROFILE_MOUNT, ClusterSpec, NodeSpec, node_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "gpulab:dev"
@@ -51,12 +51,8 @@ def run_command(argv: Sequence[str]) -> None:
         raise HarnessError(f"`{' '.join(argv)}` failed with exit code {proc.returncode}")
 
 
-def _worker_labels(node: Any) -> dict[str, str]:
-    labels = {"gpulab.io/spec-node": node.name, **node.labels}
-    if node.profile:
-        labels["gpulab.io/gpu-profile"] = profiles.load(node.profile).name
-        labels["nvidia.com/gpu.present"] = "true"
-    return labels
+def _worker_labels(node: NodeSpec) -> dict[str, str]:
+    return {"gpulab.io/spec-node": node.name, **node_labels(node)}
 
 
 def _profile_path(node: Any, relative: bool) -> str:
@@ -199,13 +195,16 @@ class DockerCluster(ClusterAPI):
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
         pki.create_ca(self.pki_dir())
-        self._apply(["base", "device-plugin"], progress)
+        self._apply(["base"], progress)
         self._wait_nodes(progress)
+        for addon in self.spec.addons:
+            self.ensure_addon(addon, progress)
 
     def ensure_addon(self, name: str, progress: Progress) -> None:
         """Deploy a chapter's components (manifests/<name>/) on the running cluster."""
-        if name == "device-plugin":
-            return  # the DaemonSet is part of `up`
+        if name not in addons.LOCAL_ONLY:
+            addons.start(name, self, progress)
+            return
         if name == "hami":
             # HAMi needs the device plugin in HAMi mode on its nodes; the DaemonSet here
             # runs the NVIDIA mode, so the chapter has its own local cluster (--spec hami)

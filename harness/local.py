@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gpulab.fakegpu import faults, profiles
+from gpulab.fakegpu import faults, paths, profiles
 from gpulab.state import cluster_dir
 from gpulab.wait import WaitTimeout, wait_for
 from harness import addons, binaries, pki
@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 START_TIMEOUT = 90.0
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 POD_RUNNER = "pod-runner"
-FAKE_GPU_STATE = "/var/lib/fake-gpu"  # the device plugin DaemonSet's hostPath
+GPULAB = [sys.executable, "-m", "gpulab"]  # a lab command as a host process
 # The controllers a lab cluster uses. Pod IPs here are loopback addresses, which
 # Endpoints may not hold, so the endpoint controllers are left out (the pod runner's
 # service proxy reads the pods); so are volume, cloud and quota controllers nobody uses,
@@ -416,12 +416,6 @@ class LocalCluster(ClusterAPI):
         _stop(rec)
         return rec
 
-    def restart_process(self, name: str) -> ProcessRecord:
-        """Stop a process and start it again with the same command line and environment,
-        as a crash-and-restart (or a kubelet restarting a plugin pod) would."""
-        rec = self.stop_process(name)
-        return self.start_process(rec.name, rec.argv, rec.ports, rec.env, rec.service)
-
     def check_alive(self) -> None:
         for rec in self.processes():
             child = self._children.get(rec.pid)
@@ -470,7 +464,7 @@ class LocalCluster(ClusterAPI):
     def fake_gpu_dir(self, node: str) -> Path:
         """The node's NVML shim state (config, faults.log): /var/lib/fake-gpu/<node> on the
         node, where the device plugin's init container renders it."""
-        return volumes.host_path(self.dir, node, FAKE_GPU_STATE) / node
+        return volumes.host_path(self.dir, node, paths.NODE_STATE_DIR) / node
 
     def inject_fault(self, node: str, gpu: int, xid: int) -> None:
         faults.inject_xid(self.fake_gpu_dir(node), gpu, xid)
@@ -493,7 +487,8 @@ class LocalCluster(ClusterAPI):
 
     def _start_pod_runner(self, progress: Progress) -> None:
         """kubelet for the lab's own pods (harness/podrunner), on the cluster's own
-        loopback block; each node gets the files kind would mount into its container."""
+        loopback block, and a node agent (kubelet's device manager) per GPU node; each
+        node gets the files kind would mount into its container."""
         for node in self.spec.nodes:
             (self.dir / "nodes" / node.name / "device-plugins").mkdir(parents=True, exist_ok=True)
             if node.profile:
@@ -501,12 +496,23 @@ class LocalCluster(ClusterAPI):
                 mounted.parent.mkdir(parents=True, exist_ok=True)
                 mounted.write_text(profiles.resolve(node.profile).read_text())
         block = self._block = network.acquire_block(self.dir)
+        for node in self.spec.nodes:
+            if node.profile:  # kubelet's device manager, for the node's device plugin pods
+                sockets = volumes.host_path(self.dir, node.name, volumes.DEVICE_PLUGIN_DIR)
+                self.start_process(
+                    f"node-agent-{node.name}",
+                    [
+                        *GPULAB,
+                        "node-agent",
+                        f"--node-name={node.name}",
+                        f"--socket-dir={sockets}",
+                        f"--kubeconfig={self.kubeconfig}",
+                    ],
+                )
         self.start_process(
             POD_RUNNER,
             [
-                sys.executable,
-                "-m",
-                "gpulab",
+                *GPULAB,
                 "pod-runner",
                 f"--kubeconfig={self.kubeconfig}",
                 f"--cluster-dir={self.dir}",

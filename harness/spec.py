@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from gpulab.deviceplugin.config import MIG_STRATEGIES
+from gpulab.deviceplugin.configmanager import NODE_LABEL as CONFIG_LABEL
 from gpulab.fakegpu import profiles
 from harness.addons import ADDONS
 from harness.errors import HarnessError
@@ -212,6 +213,40 @@ def _parse_device_plugin(raw: Any, n: int) -> DevicePluginConfig:
     return DevicePluginConfig(strategy, replicas, bool(raw.get("hami", False)))
 
 
+# NFD's label for a node with an NVIDIA PCI device (vendor 10de), which the GPU Operator
+# selects GPU nodes by; the lab gives it to every node with a GPU profile, as NFD would.
+NFD_NVIDIA_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+# HAMi's device plugin DaemonSet runs on nodes labelled gpu=on (HAMi's documented label).
+HAMI_NODE_LABEL = "gpu"
+
+
+def device_plugin_config_name(settings: DevicePluginConfig) -> str:
+    """The named config (manifests/device-plugin ConfigMap) a node's ``devicePlugin:``
+    settings select through the label nvidia.com/device-plugin.config."""
+    parts = []
+    if settings.mig_strategy != "none":
+        parts.append(f"mig-{settings.mig_strategy}")
+    if settings.replicas > 1:
+        parts.append(f"time-slicing-{settings.replicas}")
+    return "-".join(parts) or "default"
+
+
+def node_labels(node: NodeSpec) -> dict[str, str]:
+    """The labels a spec node carries on every backend: the spec's own, the GPU profile,
+    NFD's PCI label, and the label that places (and configures) its device plugin: NVIDIA's
+    (nvidia.com/gpu.present, nvidia.com/device-plugin.config) or HAMi's (gpu=on)."""
+    labels = dict(node.labels)
+    if node.profile is not None:
+        labels["gpulab.io/gpu-profile"] = profiles.load(node.profile).name
+        labels[NFD_NVIDIA_LABEL] = "true"
+        if node.device_plugin.hami:
+            labels[HAMI_NODE_LABEL] = "on"
+        else:
+            labels["nvidia.com/gpu.present"] = "true"
+            labels[CONFIG_LABEL] = device_plugin_config_name(node.device_plugin)
+    return labels
+
+
 def node_object(node: NodeSpec, static_gpus: bool = True) -> dict[str, Any]:
     """The Node the harness creates for kwok to manage.
 
@@ -224,14 +259,10 @@ def node_object(node: NodeSpec, static_gpus: bool = True) -> dict[str, Any]:
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "type": "kwok",
-        **node.labels,
+        **node_labels(node),
     }
-    if node.profile is not None:
-        profile = profiles.load(node.profile)
-        if static_gpus:
-            capacity["nvidia.com/gpu"] = str(len(profile.gpus))
-        labels["gpulab.io/gpu-profile"] = profile.name
-        labels["nvidia.com/gpu.present"] = "true"
+    if node.profile is not None and static_gpus:
+        capacity["nvidia.com/gpu"] = str(len(profiles.load(node.profile).gpus))
     return {
         "apiVersion": "v1",
         "kind": "Node",

@@ -211,7 +211,7 @@ def select_node(node: str | None, profile: str | None, state_dir: str | None) ->
         if not os.environ.get(nvml.ENV_CONFIG):
             raise ProfileError(f"give --node (and --profile), or set {nvml.ENV_CONFIG}")
         return
-    root = paths.state_root(state_dir)
+    root = paths.state_root(state_dir, node)
     if profile is not None:
         os.environ.update(nvml.shim_env(node, profile, root))
     else:

@@ -1,77 +1,43 @@
-"""Addon ``device-plugin``: for every GPU node, the NVIDIA device plugin reading that node's
-GPUs through the NVML shim, and the node agent playing kubelet's device manager for it, on
-a per-node device-plugins directory (what ``/var/lib/kubelet/device-plugins`` is on a real
-node). On kind the DaemonSet in ``manifests/device-plugin/`` does the same.
+"""Addon ``device-plugin``: the NVIDIA device plugin DaemonSet (``manifests/device-plugin/``)
+on every node labelled ``nvidia.com/gpu.present=true``, on every backend.
 
-Per-node settings follow upstream's per-node config model: each spec node's
-``devicePlugin:`` settings become a named config in the ConfigMap
-``nvidia-device-plugin-configs`` (upstream's config file format), the node gets the label
-``nvidia.com/device-plugin.config=<name>``, and ``gpulab config-manager --oneshot`` (the
-DaemonSet's init container) links the selected config into place before the plugin starts
-with ``--config-file``. The ConfigMap's files are written where kubelet would mount them.
+On kind the pods register with the node's real kubelet; on the local backend the pod
+runner runs them (harness/podrunner) and each GPU node's node agent plays kubelet's device
+manager on the node's device-plugins directory. Either way the node then advertises what
+ListAndWatch reports.
+
+Per-node settings follow upstream's per-node config model: a spec node's ``devicePlugin:``
+settings select a named config through the node label ``nvidia.com/device-plugin.config``
+(harness/spec.py), the ConfigMap ``nvidia-device-plugin-configs`` holds the configs
+(upstream's config file format; the spec's combinations the shipped ones lack are added
+here), and the DaemonSet's ``config-manager --oneshot`` init container links the selected
+one for the plugin's ``--config-file``.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 
 from gpulab.deviceplugin.config import Config, hami_config, render, time_slicing
-from gpulab.deviceplugin.configmanager import NODE_LABEL
 from gpulab.deviceplugin.rm import build_resources, parse_mig_minors
 from gpulab.fakegpu import inventory, profiles
 from gpulab.fakegpu import render as fakegpu_render
-from gpulab.fakegpu.nvml import shim_env
 from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
 from gpulab.wait import WaitTimeout, wait_for
-from harness.apply import MANIFESTS, Transform, apply, load_documents
+from harness.apply import FIELD_MANAGER, MANIFESTS, load_documents
+from harness.backends import SYSTEM_NAMESPACE, Backend
 from harness.errors import HarnessError
-from harness.spec import DevicePluginConfig, NodeSpec
-
-if TYPE_CHECKING:
-    from harness.local import LocalCluster
+from harness.spec import DevicePluginConfig, NodeSpec, device_plugin_config_name
 
 Progress = Callable[[str], None]
-GPULAB = [sys.executable, "-m", "gpulab"]
-NAMESPACE = "gpulab-system"
 CONFIGMAP = "nvidia-device-plugin-configs"
-DEFAULT_CONFIG = "default"
-ADVERTISE_TIMEOUT = 90.0
-
-
-def fake_gpu_root(cluster_dir: Path) -> Path:
-    """Where this cluster's simulated GPUs keep their config and faults."""
-    return cluster_dir / "fake-gpu"
-
-
-def socket_dir(cluster_dir: Path, node: str) -> Path:
-    return cluster_dir / "nodes" / node / "device-plugins"
-
-
-def config_dirs(cluster_dir: Path, node: str) -> tuple[Path, Path]:
-    """(the ConfigMap as kubelet mounts it, the selected config) for one node."""
-    base = cluster_dir / "nodes" / node
-    return base / "available-configs", base / "config" / "config.yaml"
+COMPONENT = "gpulab-device-plugin"  # the DaemonSet's app.kubernetes.io/name
+ADVERTISE_TIMEOUT = 120.0
 
 
 # ---------------------------------------------------------------- pure
-
-
-def config_name(settings: DevicePluginConfig) -> str:
-    """The named config a node's ``devicePlugin:`` settings select (HAMi: flag, not config)."""
-    if settings.hami:
-        return DEFAULT_CONFIG
-    parts = []
-    if settings.mig_strategy != "none":
-        parts.append(f"mig-{settings.mig_strategy}")
-    if settings.replicas > 1:
-        parts.append(f"time-slicing-{settings.replicas}")
-    return "-".join(parts) or DEFAULT_CONFIG
 
 
 def plugin_config(settings: DevicePluginConfig) -> Config:
@@ -81,31 +47,20 @@ def plugin_config(settings: DevicePluginConfig) -> Config:
     return Config(mig_strategy=settings.mig_strategy, time_slicing=time_slicing(settings.replicas))
 
 
-def named_configs(nodes: Iterable[NodeSpec]) -> dict[str, str]:
-    """The configs ConfigMap's data: the shipped named configs (manifests/device-plugin)
-    plus one for every other combination of settings the nodes ask for."""
+def extra_configs(nodes: Iterable[NodeSpec]) -> dict[str, str]:
+    """Configs the spec's nodes select that the shipped ConfigMap lacks."""
     shipped = next(
         d
         for d in load_documents([MANIFESTS / "device-plugin"])
         if d["kind"] == "ConfigMap" and d["metadata"]["name"] == CONFIGMAP
     )
-    out = dict(shipped.get("data") or {})
+    have = set(shipped.get("data") or {})
+    out = {}
     for node in nodes:
-        name = config_name(node.device_plugin)
-        if node.profile and name not in out:
+        name = device_plugin_config_name(node.device_plugin)
+        if node.profile and not node.device_plugin.hami and name not in have:
             out[name] = render(plugin_config(node.device_plugin))
     return dict(sorted(out.items()))
-
-
-def with_node_configs(transform: Transform, nodes: list[NodeSpec]) -> Transform:
-    """Apply the configs ConfigMap with the spec's configs added (see named_configs)."""
-
-    def apply_one(doc: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        if doc.get("kind") == "ConfigMap" and doc["metadata"]["name"] == CONFIGMAP:
-            doc = {**doc, "data": named_configs(nodes)}
-        return transform(doc)
-
-    return apply_one
 
 
 def expected_resources(node: NodeSpec) -> dict[str, int]:
@@ -122,73 +77,43 @@ def expected_resources(node: NodeSpec) -> dict[str, int]:
     return {r.name: len(r.devices) for r in resources}
 
 
-# ---------------------------------------------------------------- processes
+# ---------------------------------------------------------------- deploy
 
 
-def start(cluster: LocalCluster, progress: Progress) -> None:
-    """Start plugin + node agent per GPU node and wait until nodes advertise the devices."""
-    root = fake_gpu_root(cluster.dir)
-    gpu_nodes = [n for n in cluster.spec.nodes if n.profile]
-    api = cluster.api()
-    transform = with_node_configs(
-        cluster.apply_transform(dry_run_workloads=True), list(cluster.spec.nodes)
-    )
-    apply(api, [MANIFESTS / "device-plugin"], progress, transform)
-    core = client.CoreV1Api(api)
-    data = named_configs(cluster.spec.nodes)
-    for node in gpu_nodes:
-        core.patch_node(
-            node.name, {"metadata": {"labels": {NODE_LABEL: config_name(node.device_plugin)}}}
+def start(backend: Backend, progress: Progress) -> None:
+    """Deploy the DaemonSet and wait until every node with it advertises its devices."""
+    nodes = [n for n in backend.spec.nodes if n.profile and not n.device_plugin.hami]
+    extra = extra_configs(nodes)
+    if extra:
+        # server-side apply under its own field manager: re-applying the shipped
+        # ConfigMap keeps these keys (each key of `data` has its own owner)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP, "namespace": SYSTEM_NAMESPACE},
+            "data": extra,
+        }
+        client.CoreV1Api(backend.api()).patch_namespaced_config_map(
+            CONFIGMAP,
+            SYSTEM_NAMESPACE,
+            body,
+            field_manager=f"{FIELD_MANAGER}-spec",
+            force=True,
+            _content_type="application/apply-patch+yaml",
         )
-        srcdir, _ = config_dirs(cluster.dir, node.name)
-        srcdir.mkdir(parents=True, exist_ok=True)
-        for name, text in data.items():
-            (srcdir / name).write_text(text)
-    _select_configs(cluster, gpu_nodes)
-    for node in gpu_nodes:
-        sockets = socket_dir(cluster.dir, node.name)
-        sockets.mkdir(parents=True, exist_ok=True)
-        _, selected = config_dirs(cluster.dir, node.name)
-        cluster.start_process(
-            f"node-agent-{node.name}",
-            [*GPULAB, "node-agent", "--node-name", node.name, "--socket-dir", str(sockets),
-             "--kubeconfig", str(cluster.kubeconfig)],
-        )  # fmt: skip
-        cluster.start_process(
-            f"device-plugin-{node.name}",
-            [*GPULAB, "device-plugin", "--node-name", node.name, "--socket-dir", str(sockets),
-             "--config-file", str(selected), "--kubeconfig", str(cluster.kubeconfig),
-             *(["--hami"] if node.device_plugin.hami else [])],
-            env=shim_env(node.name, node.profile, root),
-        )  # fmt: skip
-    progress(f"started a device plugin and node agent on {len(gpu_nodes)} GPU nodes")
-    _wait_advertised(cluster, gpu_nodes, progress)
+    backend.apply([MANIFESTS / "device-plugin"], progress)
+    wait_advertised(backend, nodes, progress)
 
 
-def _select_configs(cluster: LocalCluster, nodes: list[NodeSpec]) -> None:
-    """The DaemonSet's init container on every node, in parallel."""
-    procs = []
-    for node in nodes:
-        srcdir, dst = config_dirs(cluster.dir, node.name)
-        argv = [*GPULAB, "config-manager", "--oneshot", "--node-name", node.name,
-                "--config-file-srcdir", str(srcdir), "--config-file-dst", str(dst),
-                "--fallback-strategies", "named,empty",
-                "--kubeconfig", str(cluster.kubeconfig)]  # fmt: skip
-        out = subprocess.PIPE
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True)
-        procs.append((node, proc))
-    for node, proc in procs:
-        output, _ = proc.communicate(timeout=60)
-        if proc.returncode != 0:
-            raise HarnessError(f"config-manager on {node.name} failed: {output.strip()}")
-
-
-def _wait_advertised(cluster: LocalCluster, nodes: list[NodeSpec], progress: Progress) -> None:
-    core = client.CoreV1Api(cluster.api())
+def wait_advertised(
+    backend: Backend, nodes: list[NodeSpec], progress: Progress, component: str = COMPONENT
+) -> None:
+    """Until every node's allocatable is what its plugin reports (ListAndWatch → kubelet)."""
+    core = client.CoreV1Api(backend.api())
     pending = {n.name: expected_resources(n) for n in nodes}
+    progress(f"{component} DaemonSet applied; waiting for {len(nodes)} nodes to advertise GPUs")
 
     def advertised() -> bool:
-        cluster.check_alive()
         for name, resources in list(pending.items()):
             alloc = core.read_node(name).status.allocatable or {}
             if all(alloc.get(r) == str(v) for r, v in resources.items()):
@@ -196,12 +121,23 @@ def _wait_advertised(cluster: LocalCluster, nodes: list[NodeSpec], progress: Pro
         return not pending
 
     try:
-        wait_for(advertised, ADVERTISE_TIMEOUT, "the nodes to advertise their GPUs")
+        wait_for(advertised, ADVERTISE_TIMEOUT, "the nodes to advertise their GPUs", 0.25)
     except WaitTimeout:
         name = next(iter(pending))
+        pods = backend.component_pods(component, name)
+        state = _pod_state(pods[0]) if pods else "no device-plugin pod on it"
         raise HarnessError(
-            f"node {name} does not advertise {pending[name]} after {ADVERTISE_TIMEOUT:g}s; "
-            f"see {cluster.dir / 'logs' / f'device-plugin-{name}.log'} and "
-            f"node-agent-{name}.log"
+            f"node {name} does not advertise {pending[name]} after {ADVERTISE_TIMEOUT:g}s "
+            f"({state}); see `gpulab kubectl -n {SYSTEM_NAMESPACE} logs "
+            f"-l app.kubernetes.io/name={component} --all-containers`"
         ) from None
     progress(f"device plugins registered: {len(nodes)} nodes advertise their GPUs")
+
+
+def _pod_state(pod: client.V1Pod) -> str:
+    statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
+    for s in statuses:
+        waiting = s.state.waiting if s.state else None
+        if waiting is not None and waiting.reason not in (None, "PodInitializing"):
+            return f"pod {pod.metadata.name}: {s.name} {waiting.reason} {waiting.message or ''}"
+    return f"pod {pod.metadata.name} is {pod.status.phase}"

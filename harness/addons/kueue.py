@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from harness.addons.device_plugin import GPULAB
 from harness.apply import MANIFESTS, apply
 from harness.errors import HarnessError
-from harness.local import ProcessRecord, pid_alive
+from harness.local import GPULAB, ProcessRecord, pid_alive
 from harness.ports import free_port
 
 if TYPE_CHECKING:

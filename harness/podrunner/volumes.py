@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpulab.state import node_root
 from harness.podrunner.container import ContainerError, Mount, field_value
 
 Obj = dict[str, Any]
@@ -41,10 +42,6 @@ class VolumeAPI(Protocol):
     ) -> tuple[str, float]:
         """A TokenRequest for the pod's ServiceAccount: (token, expiry as epoch seconds)."""
         ...
-
-
-def node_root(cluster_dir: Path, node: str) -> Path:
-    return cluster_dir / "nodes" / node / "rootfs"
 
 
 def host_path(cluster_dir: Path, node: str, path: str) -> Path:

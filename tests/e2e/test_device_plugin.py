@@ -17,7 +17,7 @@ from kubernetes import client
 from demos.cluster import gpu_pod_spec
 from gpulab.fakegpu import faults, profiles
 from gpulab.wait import WaitTimeout, wait_for
-from harness.addons.device_plugin import fake_gpu_root
+from harness.addons.device_plugin import COMPONENT
 from harness.local import LocalCluster
 from harness.spec import load
 
@@ -43,11 +43,26 @@ def _pod_on(node: str, name: str, resources: dict[str, str]) -> client.V1Pod:
     return client.V1Pod(metadata=client.V1ObjectMeta(name=name), spec=spec)
 
 
+def watching(cluster, node: str) -> None:
+    """Until the node's plugin watches NVML events (an Xid from before is never delivered:
+    NVML does not replay past events)."""
+    core = client.CoreV1Api(cluster.api)
+
+    def health_check_runs() -> bool:
+        (pod,) = cluster.local.component_pods(COMPONENT, node)
+        logs = core.read_namespaced_pod_log(
+            pod.metadata.name, "gpulab-system", container="device-plugin"
+        )
+        return "for Xid critical errors" in logs
+
+    wait_for(health_check_runs, 60, f"the health check of the plugin on {node}")
+
+
 def _restart_plugin(cluster, node: str, gpus: str) -> None:
     """Restart the node's plugin (advertising fewer than ``gpus`` now) and wait until its
     devices are all advertised again."""
     assert _gpus(cluster, node) != gpus
-    cluster.local.restart_process(f"device-plugin-{node}")
+    cluster.local.restart(COMPONENT, node)  # delete its pod: the DaemonSet makes a new one
     wait_for(lambda: _gpus(cluster, node) == gpus, 60, f"{node} to advertise {gpus} again")
 
 
@@ -110,12 +125,12 @@ def test_mig_pod_gets_a_mig_device(cluster, namespace) -> None:
 
 def test_xid_79_drops_a_gpu_until_the_plugin_restarts(cluster) -> None:
     node = "gpu-t4-1"
-    node_dir = fake_gpu_root(cluster.local.dir) / node
-    faults.inject_xid(node_dir, 2, faults.XID_FALLEN_OFF_BUS)
+    watching(cluster, node)
+    cluster.local.inject_fault(node, 2, faults.XID_FALLEN_OFF_BUS)
     wait_for(lambda: _gpus(cluster, node) == "3", 30, f"{node} allocatable 3 after Xid 79")
     node_status = client.CoreV1Api(cluster.api).read_node(node).status
     assert node_status.capacity["nvidia.com/gpu"] == "4"  # kubelet keeps it in capacity
-    faults.clear(node_dir)  # the fake driver forgets the fault; the plugin does not
+    cluster.local.clear_faults(node)  # the fake driver forgets the fault; the plugin does not
     with pytest.raises(WaitTimeout):
         wait_for(lambda: _gpus(cluster, node) == "4", 3, "a recovery that must not come")
     _restart_plugin(cluster, node, "4")  # the positive control: a restart brings it back
@@ -123,13 +138,13 @@ def test_xid_79_drops_a_gpu_until_the_plugin_restarts(cluster) -> None:
 
 def test_ignored_xid_keeps_the_gpu_healthy(cluster) -> None:
     node = "gpu-t4-0"
-    node_dir = fake_gpu_root(cluster.local.dir) / node
-    faults.inject_xid(node_dir, 0, 13)  # graphics engine exception: not a health failure
+    watching(cluster, node)
+    cluster.local.inject_fault(node, 0, 13)  # graphics engine exception: not a health failure
     with pytest.raises(WaitTimeout):
         wait_for(lambda: _gpus(cluster, node) != "4", 3, "a drop that must not come")
-    faults.inject_xid(node_dir, 0, 79)  # the positive control: a fatal Xid is seen
+    cluster.local.inject_fault(node, 0, 79)  # the positive control: a fatal Xid is seen
     wait_for(lambda: _gpus(cluster, node) == "3", 30, f"{node} allocatable 3")
-    faults.clear(node_dir)
+    cluster.local.clear_faults(node)
     _restart_plugin(cluster, node, "4")
 
 

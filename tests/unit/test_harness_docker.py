@@ -96,7 +96,6 @@ def test_hami_on_kind_points_to_the_local_backend(state: Path) -> None:
     cluster = DockerCluster("kind", load("default"), runner=lambda _a: None)
     with pytest.raises(HarnessError, match=r"HAMi chapter runs on the local backend"):
         cluster.ensure_addon("hami", lambda _m: None)
-    cluster.ensure_addon("device-plugin", lambda _m: None)  # deployed by `up`: no-op
 
 
 def test_gpulab_backend_overrides_the_docker_probe(monkeypatch: pytest.MonkeyPatch) -> None:

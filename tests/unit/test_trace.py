@@ -66,13 +66,14 @@ def test_repeated_events_become_one_series_as_client_go_records_them() -> None:
     fake = FakeEvents()
     tracer._events = fake  # type: ignore[assignment]
     pod = ObjectRef("Pod", "p", "ns", "uid-1")
-    for attempt in range(4):
-        tracer.step("Filter", pod, f"0/3 nodes fit (attempt {attempt})", warning=True)
+    for _attempt in range(4):
+        tracer.step("Filter", pod, "0/3 nodes fit", warning=True)
     tracer.step("Filter", ObjectRef("Pod", "other", "ns"), "fits", warning=False)
+    tracer.step("Filter", pod, "1/3 nodes fit", warning=True)  # another note: its own Event
     tracer.flush()
     ops = [(op, name.split(".")[0]) for op, name, _ in fake.calls]
     # one Event per object; the first repeat patches the series at once, later ones only count
-    assert ops == [("create", "p"), ("patch", "p"), ("create", "other")]
+    assert ops == [("create", "p"), ("patch", "p"), ("create", "other"), ("create", "p")]
     assert fake.calls[1][2]["series"]["count"] == 2
     assert fake.calls[0][2].series is None  # the Event first written has no series
     # when the series ends (6 min without a repeat) the final count is written back
