@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from kubernetes import client
 
 from demos.cluster import gpu_pod_spec
@@ -78,6 +79,7 @@ def test_mig_pod_gets_a_mig_device(cluster, namespace) -> None:
     assert uuid in three_g
 
 
+@pytest.mark.local_backend
 def test_xid_79_drops_allocatable_by_one_and_clear_restores_it(cluster) -> None:
     node_dir = fake_gpu_root(cluster.local.dir) / "gpu-t4-1"
     faults.inject_xid(node_dir, 2, faults.XID_FALLEN_OFF_BUS)
@@ -99,6 +101,7 @@ def test_xid_79_drops_allocatable_by_one_and_clear_restores_it(cluster) -> None:
     )
 
 
+@pytest.mark.local_backend
 def test_ignored_xid_keeps_the_gpu_healthy(cluster) -> None:
     node_dir = fake_gpu_root(cluster.local.dir) / "gpu-t4-0"
     faults.inject_xid(node_dir, 0, 13)  # graphics engine exception: not a health failure
@@ -128,6 +131,7 @@ def test_pod_over_the_nodes_free_devices_fails_admission(cluster, namespace) -> 
     assert pod.status.reason == "UnexpectedAdmissionError"
 
 
+@pytest.mark.local_backend
 def test_device_plugin_demo_passes_against_this_cluster(cluster) -> None:
     import argparse
 
