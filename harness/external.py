@@ -285,6 +285,7 @@ class ExternalCluster(ClusterAPI):
     def _transform(self) -> ExternalTransform:
         pki_dir = self.dir / "pki"
         if not (pki_dir / "ca.crt").exists():
+            pki_dir.mkdir(parents=True, exist_ok=True)
             pki.create_ca(pki_dir)
         ca = pki.KeyPair(pki_dir / "ca.crt", pki_dir / "ca.key")
         return ExternalTransform(ca, pki_dir, os.environ.get(IMAGE_ENV) or LAB_IMAGE)
