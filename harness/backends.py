@@ -14,8 +14,6 @@ Deployment brings new ones, on every backend), inject GPU faults into a node's N
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -133,14 +131,11 @@ class ClusterAPI:
 
 
 def docker_available() -> bool:
-    """True when a Docker engine answers (`docker info`), not merely a client installed."""
-    if shutil.which("docker") is None:
-        return False
-    try:
-        proc = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0
+    """True when a Docker engine answers its API (harness/docker.py), not merely a client
+    installed."""
+    from harness.docker import engine_status
+
+    return engine_status()[0]
 
 
 def default_backend() -> str:
