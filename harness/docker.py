@@ -3,7 +3,7 @@
 Written to kind's and k3d's documentation; they cannot run where this lab is developed
 (no Docker engine), so what is verified there is the exact command sequence and the Docker
 Engine API conversation against a fake engine (tests/unit/test_harness_docker.py), the
-rendered kind config against kind's own Go types (tests/unit/test_kind_config.py), and
+rendered kind config against kind's own Go types (tests/component/test_kind_config.py), and
 every manifest against the local backend's real API server. On a laptop with Docker:
 
     kind: build gpulab:dev (Docker Engine API) → kind create cluster --config
