@@ -27,6 +27,11 @@ def progress(message: str) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build the upstream binaries (cached per version)")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.add_argument(
+        "--from-source",
+        action="store_true",
+        help="build from the Go modules; do not try the official release binaries",
+    )
     p.set_defaults(func=cmd_build)
 
     for name, func, text in (
@@ -83,7 +88,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    binaries.build_all(progress, force=args.force)
+    binaries.build_all(progress, force=args.force, from_source=args.from_source)
     return 0
 
 
