@@ -4,7 +4,6 @@ runs `make test-e2e` on kind once per chapter, with the README's commands."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import yaml
@@ -24,8 +23,14 @@ def _runs(job: dict) -> list[str]:
 
 
 def _readme_commands() -> set[str]:
-    blocks = re.findall(r"```(?:sh|bash)?\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    return {line.split("#")[0].strip() for b in blocks for line in b.splitlines()} - {""}
+    """The lines of the README's shell code blocks (comments dropped)."""
+    commands, lang = set(), None
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            lang = line[3:].strip() if lang is None else None
+        elif lang == "sh":
+            commands.add(line.split("#")[0].strip())
+    return commands - {""}
 
 
 def test_the_workflow_runs_on_pushes_pull_requests_and_by_hand() -> None:
