@@ -17,13 +17,26 @@ it where plugin autoloading is off). It gives
   process, reading its state directory); they are skipped, with the reason, when the run
   targets another backend or an existing cluster.
 
-Like pytest-kubernetes' managers, ``create()`` uses a cluster that already runs and then
-leaves it running on ``delete()``; ``create(fresh=True)`` replaces it instead.
+Mirrors pytest-kubernetes 0.9.0 ``pytest_kubernetes/providers/base.py`` (AClusterManager)
+and ``plugin.py`` (the ``k8s`` fixture). Differences, upstream -> here:
+
+- ``create()``: a cluster that already answers is used and left running by ``delete()``
+  -> the same, decided by the backend (``running()``); ``create(fresh=True)`` replaces it
+- ``delete()`` removes the kubeconfig file -> the kubeconfig belongs to the backend's
+  state (or is the user's, for an existing cluster) and is kept
+- ``kubectl()`` runs ``kubectl`` from PATH through a shell -> the lab's own v1.36.3
+  kubectl when built, argv without a shell (arguments with spaces survive)
+- ``apply()`` is ``kubectl apply -f`` -> the backend's server-side apply, so webhooks are
+  wired for the backend as the lab's own manifests are
+- ``ready()`` polls kubectl once a second -> ``/readyz`` and the default ServiceAccount
+  through the API client
+- ``@pytest.mark.k8s(...)`` -> ``@pytest.mark.gpulab(spec=..., addons=..., keep=...)``
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -224,7 +237,7 @@ class GpulabManager(AClusterManager):
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.strip() or f"kubectl exited {proc.returncode}")
         if as_dict:
-            return yaml.safe_load(proc.stdout)  # JSON is YAML; keeps one parser
+            return json.loads(proc.stdout)
         return proc.stdout
 
     @staticmethod
