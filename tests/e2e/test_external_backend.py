@@ -20,17 +20,17 @@ from harness.external import ExternalCluster, Ref
 from harness.pytest_plugin import GpulabManager, LabOptions, lab_cluster
 from harness.spec import load
 
-# the "existing cluster" is a local-backend cluster this test brings up
+# the "existing cluster" is a local-backend cluster this test brings up (ports: block 27xxx)
 pytestmark = pytest.mark.local_backend
 
 HOST = {
     "name": "gpulab-ext-host",
     "ports": {
-        "apiserver": 43443,
-        "etcd": 43379,
-        "etcdPeer": 43380,
-        "controllerManager": 43257,
-        "scheduler": 43259,
+        "apiserver": 27443,
+        "etcd": 27379,
+        "etcdPeer": 27380,
+        "controllerManager": 27257,
+        "scheduler": 27259,
     },
     "nodes": [{"name": "cpu", "count": 2}],
 }

@@ -21,11 +21,11 @@ pytestmark = pytest.mark.local_backend
 SPEC = {
     "name": "gpulab-plugin-user",
     "ports": {
-        "apiserver": 44443,
-        "etcd": 44379,
-        "etcdPeer": 44380,
-        "controllerManager": 44257,
-        "scheduler": 44259,
+        "apiserver": 28443,
+        "etcd": 28379,
+        "etcdPeer": 28380,
+        "controllerManager": 28257,
+        "scheduler": 28259,
     },
     "addons": ["device-plugin"],
     "nodes": [{"name": "t4", "profile": "t4-x1"}, {"name": "cpu-only"}],
