@@ -4,6 +4,7 @@
             where no Docker engine answers; what CI runs)
     kind    Docker containers as nodes (default where a Docker engine answers)
     k3d     the same with k3s
+    external  an existing cluster from a kubeconfig: the chapters' manifests applied to it
 
 Demos and tests talk to a :class:`Backend` only, never to one backend's class: bring it
 up or down, reach its API server, restart a component (delete its pods; the DaemonSet or
@@ -13,8 +14,6 @@ Deployment brings new ones, on every backend), inject GPU faults into a node's N
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,7 +25,7 @@ from gpulab.wait import wait_for
 from harness.errors import HarnessError
 from harness.spec import ClusterSpec
 
-BACKENDS = ("local", "kind", "k3d")
+BACKENDS = ("local", "kind", "k3d", "external")
 COMPONENT_LABEL = "app.kubernetes.io/name"
 SYSTEM_NAMESPACE = "gpulab-system"
 
@@ -136,14 +135,11 @@ class ClusterAPI:
 
 
 def docker_available() -> bool:
-    """True when a Docker engine answers (`docker info`), not merely a client installed."""
-    if shutil.which("docker") is None:
-        return False
-    try:
-        proc = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0
+    """True when a Docker engine answers its API (harness/docker.py), not merely a client
+    installed."""
+    from harness.docker import engine_status
+
+    return engine_status()[0]
 
 
 def default_backend() -> str:
@@ -160,18 +156,23 @@ def _recorded(spec: ClusterSpec) -> Path:
     return cluster_dir(spec.name) / "backend"
 
 
-def backend_for(spec: ClusterSpec, explicit: str | None = None) -> tuple[str, Backend]:
-    """The backend named, else the one this cluster was brought up on, else the default."""
+def backend_for(
+    spec: ClusterSpec, explicit: str | None = None, kubeconfig: Path | None = None
+) -> tuple[str, Backend]:
+    """The backend named, else the one this cluster was brought up on, else the default.
+    ``kubeconfig`` is the existing cluster's, for the external backend."""
     name = explicit
     if name is None and _recorded(spec).exists():
         name = _recorded(spec).read_text().strip()
     name = name or default_backend()
-    return name, get_backend(name, spec)
+    return name, get_backend(name, spec, kubeconfig)
 
 
-def ensure_up(spec: ClusterSpec, explicit: str | None, progress: Progress) -> Backend:
+def ensure_up(
+    spec: ClusterSpec, explicit: str | None, progress: Progress, kubeconfig: Path | None = None
+) -> Backend:
     """The cluster, brought up on its backend unless it already runs."""
-    name, backend = backend_for(spec, explicit)
+    name, backend = backend_for(spec, explicit, kubeconfig)
     if not backend.running():
         progress(f"bringing up cluster {spec.name!r} on the {name} backend")
         backend.up(progress)
@@ -183,7 +184,7 @@ def forget(spec: ClusterSpec) -> None:
     _recorded(spec).unlink(missing_ok=True)
 
 
-def get_backend(name: str, spec: ClusterSpec) -> Backend:
+def get_backend(name: str, spec: ClusterSpec, kubeconfig: Path | None = None) -> Backend:
     if name == "local":
         from harness.local import LocalCluster
 
@@ -192,4 +193,8 @@ def get_backend(name: str, spec: ClusterSpec) -> Backend:
         from harness.docker import DockerCluster
 
         return DockerCluster(name, spec)
+    if name == "external":
+        from harness.external import ExternalCluster, kubeconfig_for
+
+        return ExternalCluster(spec, kubeconfig_for(spec, kubeconfig))
     raise HarnessError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")

@@ -1,7 +1,12 @@
 """Build the upstream binaries the local backend runs, from Go modules, once per version.
 
+Where the internet is open, ``gpulab build`` first tries the official release binaries
+listed in ``harness/release-binaries.yaml``, installing one only when its SHA-256 matches
+the checksum pinned there (a file without a pinned official checksum is never fetched);
+a failed or disabled download (``--from-source``) falls back to the Go build.
+
 No download site is reachable where this lab is developed, only package registries, so
-every binary is compiled from its Go module:
+there every binary is compiled from its Go module:
 
 - Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl):
   k8s.io/kubernetes cannot be ``go install``-ed because its go.mod replaces each staging
@@ -22,15 +27,20 @@ import datetime as dt
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
+import yaml
 
 from gpulab.state import cache_dir
 from harness.errors import HarnessError
@@ -165,8 +175,10 @@ def require_built() -> None:
             )
 
 
-def build_all(progress: Progress, force: bool = False) -> None:
-    go = find_go()
+def build_all(progress: Progress, force: bool = False, from_source: bool = False) -> None:
+    """Every component cached and intact: downloaded (unless ``from_source``) where a
+    pinned official release answers, else built from its Go module."""
+    go: str | None = None
     for comp in COMPONENTS:
         problems = verify(comp)
         if not problems and not force:
@@ -174,7 +186,122 @@ def build_all(progress: Progress, force: bool = False) -> None:
             continue
         if problems and "not built yet" not in problems[0]:
             progress(f"{comp.name} {comp.version}: {problems[0]}; rebuilding")
+        if not from_source:
+            try:
+                download(comp, release_for(comp), progress)
+                continue
+            except DownloadError as exc:
+                progress(f"{comp.name} {comp.version}: {exc}; building from source instead")
+        go = go or find_go()
         build(comp, go, progress)
+
+
+# ---------------------------------------------------------------- official release binaries
+
+RELEASES = Path(__file__).resolve().parent / "release-binaries.yaml"
+DOWNLOAD_TIMEOUT = 30.0
+
+
+class DownloadError(HarnessError):
+    """A release binary could not be had (or was refused); the Go build runs instead."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One official release file of a component and what to take out of it."""
+
+    url: str
+    sha256: str | None  # the published checksum of that file; None: never downloaded
+    members: dict[str, str] = field(default_factory=dict)  # binary -> path in the tar.gz
+
+
+def machine_arch() -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        platform.machine(), platform.machine()
+    )
+
+
+def release_for(comp: Component, arch: str | None = None) -> Release:
+    """The pinned release file of ``comp`` for this machine (harness/release-binaries.yaml)."""
+    arch = arch or machine_arch()
+    entry = yaml.safe_load(RELEASES.read_text())[comp.name]
+
+    def fill(text: str) -> str:
+        return text.format(version=comp.version, arch=arch)
+
+    members = {name: fill(path) for name, path in (entry.get("members") or {}).items()}
+    return Release(fill(entry["url"]), (entry.get("sha256") or {}).get(arch), members)
+
+
+def download(comp: Component, release: Release, progress: Progress) -> None:
+    """Fetch ``release``, check its SHA-256 against the pinned one and install the
+    component's binaries from it; a file that does not match is deleted, never installed."""
+    if not release.sha256:
+        raise DownloadError(f"no official checksum is pinned for {release.url}")
+    parts = cache_dir() / "download"
+    parts.mkdir(parents=True, exist_ok=True)
+    part = parts / (release.url.rsplit("/", 1)[-1] + ".part")
+    try:
+        digest = _fetch(release.url, part, comp, progress)
+        if digest != release.sha256:
+            raise DownloadError(
+                f"{release.url} does not match its pinned checksum (sha256 {digest}, "
+                f"pinned {release.sha256}); not installed"
+            )
+        out_dir = comp.bin_dir.with_name(comp.bin_dir.name + ".tmp")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out_dir.mkdir(parents=True)
+        _install(part, release, comp, out_dir)
+    finally:
+        part.unlink(missing_ok=True)
+    manifest = {name: _sha256(out_dir / name) for name in comp.commands}
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    shutil.rmtree(comp.bin_dir, ignore_errors=True)
+    out_dir.rename(comp.bin_dir)
+    progress(f"{comp.name} {comp.version}: installed the official release in {comp.bin_dir}")
+
+
+def _fetch(url: str, dest: Path, comp: Component, progress: Progress) -> str:
+    """Stream ``url`` into ``dest`` with progress; the file's SHA-256."""
+    digest = hashlib.sha256()
+    try:
+        with httpx.stream("GET", url, follow_redirects=True, timeout=DOWNLOAD_TIMEOUT) as resp:
+            if resp.status_code != 200:
+                raise DownloadError(f"{url} answered {resp.status_code} {resp.reason_phrase}")
+            total = int(resp.headers.get("Content-Length") or 0)
+            got, last = 0, time.monotonic()
+            progress(f"{comp.name} {comp.version}: downloading {url}")
+            with dest.open("wb") as out:
+                for chunk in resp.iter_bytes(1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    got += len(chunk)
+                    if time.monotonic() - last > 2:
+                        last = time.monotonic()
+                        share = f" ({100 * got // total}%)" if total else ""
+                        progress(f"{comp.name}: {got >> 20} MiB{share}")
+    except httpx.HTTPError as exc:
+        raise DownloadError(f"{url} could not be downloaded: {exc}") from None
+    return digest.hexdigest()
+
+
+def _install(archive: Path, release: Release, comp: Component, out_dir: Path) -> None:
+    if not release.members:  # the file is the (one) binary
+        (name,) = comp.commands
+        shutil.copyfile(archive, out_dir / name)
+        (out_dir / name).chmod(0o755)
+        return
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for name, member in release.members.items():
+                src = tar.extractfile(member)
+                if src is None:
+                    raise KeyError(member)
+                with (out_dir / name).open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                (out_dir / name).chmod(0o755)
+    except (tarfile.TarError, KeyError, EOFError, OSError) as exc:
+        raise DownloadError(f"{release.url}: not the release archive expected ({exc})") from None
 
 
 def find_go() -> str:

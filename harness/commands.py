@@ -27,6 +27,11 @@ def progress(message: str) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build the upstream binaries (cached per version)")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.add_argument(
+        "--from-source",
+        action="store_true",
+        help="build from the Go modules; do not try the official release binaries",
+    )
     p.set_defaults(func=cmd_build)
 
     for name, func, text in (
@@ -75,16 +80,21 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("GPULAB_BACKEND"),
         help="default: kind if a Docker engine answers, else local; env GPULAB_BACKEND",
     )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="--backend external: the existing cluster's kubeconfig; env GPULAB_KUBECONFIG",
+    )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    binaries.build_all(progress, force=args.force)
+    binaries.build_all(progress, force=args.force, from_source=args.from_source)
     return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    backend = ensure_up(spec, args.backend, progress)
+    backend = ensure_up(spec, args.backend, progress, args.kubeconfig)
     progress(f"cluster {spec.name} is up")
     console.print(f"export KUBECONFIG={backend.kubeconfig}", highlight=False)
     return 0
@@ -92,7 +102,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    _, backend = backend_for(spec, args.backend)
+    _, backend = backend_for(spec, args.backend, args.kubeconfig)
     backend.down(progress)
     forget(spec)
     return 0
@@ -100,7 +110,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    name, backend = backend_for(spec, args.backend)
+    name, backend = backend_for(spec, args.backend, args.kubeconfig)
     if not backend.running():
         console.print(f"cluster {spec.name!r} ({name}) is not running")
         return 1
@@ -121,7 +131,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from harness.apply import MANIFESTS
 
     spec = load_spec(args.spec)
-    _, backend = backend_for(spec, args.backend)
+    _, backend = backend_for(spec, args.backend, args.kubeconfig)
     if not backend.running():
         raise HarnessError(f"cluster {spec.name!r} is not up; run `gpulab up` first")
     backend.apply(args.paths or [MANIFESTS], progress)

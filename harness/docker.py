@@ -1,16 +1,24 @@
 """The kind and k3d backends: the same lab in Docker containers, for a workshop laptop.
 
 Written to kind's and k3d's documentation; they cannot run where this lab is developed
-(no Docker engine), so what is verified there is the exact command sequence
-(tests/unit/test_harness_docker.py) and every manifest against the local backend's real
-API server. On a laptop with Docker:
+(no Docker engine), so what is verified there is the exact command sequence and the Docker
+Engine API conversation against a fake engine (tests/unit/test_harness_docker.py), the
+rendered kind config against kind's own Go types (tests/component/test_kind_config.py), and
+every manifest against the local backend's real API server. On a laptop with Docker:
 
-    kind: docker build → kind create cluster --config kind-config.yaml → kind load
-          docker-image → apply manifests/base and device-plugin → wait for nodes;
-          a chapter's demo then applies its manifests/<chapter>/ (ensure_addon), each
-          webhook Service with a serving-cert Secret and caBundle from the harness's CA
-    k3d:  docker build → k3d cluster create --config <rendered> → k3d kubeconfig write
-          → k3d image import → apply manifests/ → wait for nodes
+    kind: build gpulab:dev (Docker Engine API) → kind create cluster --config
+          kind-config.yaml → (image present?) kind load docker-image → apply
+          manifests/base and device-plugin → wait for nodes; a chapter's demo then
+          applies its manifests/<chapter>/ (ensure_addon), each webhook Service with a
+          serving-cert Secret and caBundle from the harness's CA
+    k3d:  build gpulab:dev → k3d cluster create --config <rendered> → k3d kubeconfig
+          write → (image present?) k3d image import → apply manifests/ → wait for nodes
+
+The lab's own Docker work goes through the Docker SDK (the ``docker`` package: engine
+detection, image build with streamed progress, image checks); kind and k3d stay CLIs.
+Targeted releases: kind v0.33.0 with its published node image for Kubernetes 1.36
+(``KIND_NODE_IMAGE``: no v1.36.3 node image was published, v1.36.4 is the nearest, one
+patch ahead of the local backend), k3d v5.8 with ``rancher/k3s:v1.36.3-k3s1``.
 
 Each worker node carries its GPU profile as a file mounted at
 ``/etc/fake-gpu/profile.yaml`` (kind extraMounts, k3d volumes) and the label
@@ -19,13 +27,16 @@ Each worker node carries its GPU profile as a file mounted at
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import docker
 import yaml
+from docker.errors import APIError, DockerException, ImageNotFound
 from kubernetes import client
 
 from gpulab.fakegpu import profiles
@@ -39,6 +50,13 @@ from harness.spec import PROFILE_MOUNT, ClusterSpec, NodeSpec, node_labels
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "gpulab:dev"
 K3S_IMAGE = "rancher/k3s:v1.36.3-k3s1"
+KIND_VERSION = "v0.33.0"
+# kind v0.33.0's release notes list this image (with its digest, as kind asks images to be
+# pinned) for Kubernetes 1.36; kind published no v1.36.3 node image.
+KIND_NODE_IMAGE = (
+    "kindest/node:v1.36.4@sha256:099e049362a1526b2db71494e1947aae99bd16290d7c895f2b7ea312e3cbfaed"
+)
+K3D_VERSION = "v5.8"
 
 Runner = Callable[[Sequence[str]], None]
 Progress = Callable[[str], None]
@@ -49,6 +67,73 @@ def run_command(argv: Sequence[str]) -> None:
     proc = subprocess.run(list(argv), cwd=ROOT, check=False)
     if proc.returncode != 0:
         raise HarnessError(f"`{' '.join(argv)}` failed with exit code {proc.returncode}")
+
+
+# ---------------------------------------------------------------- Docker Engine API
+
+
+def engine() -> docker.DockerClient:
+    """A client for the Docker engine ($DOCKER_HOST, else the default socket); raises
+    HarnessError with the reason when no engine answers."""
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        return docker.from_env(timeout=10)  # asks the engine its API version: it must answer
+    except DockerException as exc:
+        reason = str(exc).split("(Caused by", 1)[0].strip().rstrip(":")
+        raise HarnessError(f"no Docker engine answers at {where}: {reason}") from None
+
+
+def engine_status() -> tuple[bool, str]:
+    """(True, "Docker Engine 27.1.1 (API 1.46)") or (False, why none answers)."""
+    try:
+        client = engine()
+        version = client.version()
+    except (HarnessError, DockerException) as exc:
+        return False, str(exc)
+    return True, f"Docker Engine {version.get('Version')} (API {version.get('ApiVersion')})"
+
+
+def build_image(
+    client: docker.DockerClient, progress: Progress, context: Path = ROOT, tag: str = IMAGE
+) -> str:
+    """Build ``context``'s Dockerfile and tag it ``tag``, streaming the build's own
+    output as progress; returns the image ID."""
+    progress(f"building {tag} from {context / 'Dockerfile'}")
+    try:
+        stream = client.api.build(path=str(context), tag=tag, rm=True, decode=True)
+        image_id = _follow_build(stream, progress)
+    except APIError as exc:
+        raise HarnessError(f"docker build of {tag} failed: {exc.explanation or exc}") from None
+    progress(f"built {tag} ({image_id[:19]})")
+    return image_id
+
+
+def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress) -> str:
+    """The Engine's build stream: ``stream`` lines are the build's output, ``error`` ends
+    it, ``aux.ID`` names the image built."""
+    image_id = ""
+    for chunk in stream:
+        if "error" in chunk:
+            detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+            raise HarnessError(f"docker build failed: {detail.strip()}")
+        line = (chunk.get("stream") or chunk.get("status") or "").strip()
+        if line:
+            progress(f"  {line}")
+        image_id = chunk.get("aux", {}).get("ID", image_id)
+    if not image_id:
+        raise HarnessError("docker build ended without naming an image")
+    return image_id
+
+
+def require_image(client: docker.DockerClient, image: str) -> str:
+    """The image's ID; a clear error when the engine does not have it."""
+    try:
+        return str(client.images.get(image).id)
+    except ImageNotFound:
+        raise HarnessError(
+            f"image {image} is not in the Docker engine; build it first "
+            f"(`gpulab up` builds {IMAGE}) or `docker pull {image}`"
+        ) from None
 
 
 def _worker_labels(node: NodeSpec) -> dict[str, str]:
@@ -62,9 +147,13 @@ def _profile_path(node: Any, relative: bool) -> str:
 
 def kind_config(spec: ClusterSpec, relative_paths: bool = True) -> dict[str, Any]:
     """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node."""
-    nodes: list[dict[str, Any]] = [{"role": "control-plane"}]
+    nodes: list[dict[str, Any]] = [{"role": "control-plane", "image": KIND_NODE_IMAGE}]
     for node in spec.nodes:
-        worker: dict[str, Any] = {"role": "worker", "labels": _worker_labels(node)}
+        worker: dict[str, Any] = {
+            "role": "worker",
+            "image": KIND_NODE_IMAGE,
+            "labels": _worker_labels(node),
+        }
         if node.profile:
             worker["extraMounts"] = [
                 {
@@ -125,12 +214,11 @@ class DockerCluster(ClusterAPI):
         self.kubeconfig = self.dir / "kubeconfig"
 
     def commands_up(self) -> list[list[str]]:
-        """The exact commands `up` runs, in order."""
-        build = ["docker", "build", "-t", IMAGE, "-f", str(ROOT / "Dockerfile"), str(ROOT)]
+        """The exact commands `up` runs, in order, after building the image (Docker
+        SDK) and before loading it (:meth:`commands_load`)."""
         name = self.spec.name
         if self.tool == "kind":
             return [
-                build,
                 [
                     "kind",
                     "create",
@@ -144,14 +232,16 @@ class DockerCluster(ClusterAPI):
                     "--wait",
                     "120s",
                 ],
-                ["kind", "load", "docker-image", IMAGE, "--name", name],
             ]
         return [
-            build,
             ["k3d", "cluster", "create", "--config", str(self.dir / "k3d-config.yaml"), "--wait"],
             ["k3d", "kubeconfig", "write", name, "--output", str(self.kubeconfig)],
-            ["k3d", "image", "import", IMAGE, "--cluster", name],
         ]
+
+    def commands_load(self, image: str = IMAGE) -> list[str]:
+        if self.tool == "kind":
+            return ["kind", "load", "docker-image", image, "--name", self.spec.name]
+        return ["k3d", "image", "import", image, "--cluster", self.spec.name]
 
     def commands_down(self) -> list[list[str]]:
         if self.tool == "kind":
@@ -181,6 +271,8 @@ class DockerCluster(ClusterAPI):
         return path
 
     def check_tools(self, which: Callable[[str], str | None] = shutil.which) -> None:
+        """kind/k3d on PATH (they drive the Docker CLI themselves, so it must be there
+        too) and a Docker engine that answers."""
         for tool in ("docker", self.tool):
             if which(tool) is None:
                 raise HarnessError(
@@ -190,10 +282,13 @@ class DockerCluster(ClusterAPI):
 
     def up(self, progress: Progress) -> None:
         self.check_tools()
+        client = engine()
         self.write_config()
+        build_image(client, progress)
         for argv in self.commands_up():
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
+        self.load_image(IMAGE, progress, client)
         pki.create_ca(self.pki_dir())
         self._apply(["base"], progress)
         self._wait_nodes(progress)
@@ -247,6 +342,15 @@ class DockerCluster(ClusterAPI):
             raise HarnessError(
                 f"{self.tool} nodes not Ready after 300s; see `kubectl get nodes`"
             ) from None
+
+    def load_image(
+        self, image: str, progress: Progress, client: docker.DockerClient | None = None
+    ) -> None:
+        """`kind load docker-image` / `k3d image import`, once the engine has the image."""
+        require_image(client or engine(), image)
+        argv = self.commands_load(image)
+        progress(f"$ {' '.join(argv)}")
+        self.run(argv)
 
     def down(self, progress: Progress) -> None:
         for argv in self.commands_down():

@@ -43,7 +43,8 @@ SPEC_DIR = Path(__file__).resolve().parent / "clusters"
 # a client connection of any process could hold one for a moment. Each spec takes its own
 # block of 1,000 (tests/unit/test_harness_spec.py checks the shipped specs): 21xxx default,
 # 22xxx e2e, 23xxx hami, 24xxx hami-e2e, 25xxx lifecycle test, 26xxx start bench,
-# 27xxx device-plugin-e2e, ...
+# 27xxx device-plugin-e2e, 28xxx plugin-project test, 29xxx external-backend test,
+# 11xxx-20xxx the other chapters' specs and benches.
 DEFAULT_PORTS = {
     "apiserver": 21443,
     "etcd": 21379,

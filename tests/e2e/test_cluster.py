@@ -18,6 +18,7 @@ from harness.apply import apply
 from harness.errors import HarnessError
 
 
+@pytest.mark.local_backend
 def test_api_server_reports_the_pinned_version(cluster) -> None:
     version = httpx.get(
         f"{cluster.local.server}/version", verify=cluster.local.admin_ssl_context()
@@ -115,6 +116,7 @@ def test_tracer_events_are_read_back_by_the_live_reader(cluster, namespace) -> N
     stop.set()
 
 
+@pytest.mark.local_backend
 def test_apply_validates_against_the_real_api_server(cluster, namespace, tmp_path) -> None:
     (tmp_path / "ok.yaml").write_text(
         f"""
@@ -154,6 +156,7 @@ spec: {{selector: {{matchLabels: {{app: a}}}}, template: {{metadata: {{labels: {
         apply(cluster.api, [tmp_path / "bad.yaml"], lambda _m: None, transform)
 
 
+@pytest.mark.local_backend
 def test_cluster_demo_passes_against_this_cluster(cluster) -> None:
     from demos import cluster as demo
 

@@ -123,6 +123,7 @@ def test_mig_pod_gets_a_mig_device(cluster, namespace) -> None:
     assert uuid in three_g
 
 
+@pytest.mark.local_backend
 def test_xid_79_drops_a_gpu_until_the_plugin_restarts(cluster) -> None:
     node = "gpu-t4-1"
     watching(cluster, node)
@@ -136,6 +137,7 @@ def test_xid_79_drops_a_gpu_until_the_plugin_restarts(cluster) -> None:
     _restart_plugin(cluster, node, "4")  # the positive control: a restart brings it back
 
 
+@pytest.mark.local_backend
 def test_ignored_xid_keeps_the_gpu_healthy(cluster) -> None:
     node = "gpu-t4-0"
     watching(cluster, node)
@@ -166,6 +168,7 @@ def test_pod_over_the_nodes_free_devices_fails_admission(cluster, namespace) -> 
     assert "Requested: 5, Available: 4" in pod.status.message
 
 
+@pytest.mark.local_backend
 def test_the_demo_passes_from_a_stopped_cluster() -> None:
     """`gpulab down; make demo-device-plugin`, on a cluster of the demo's shape."""
     from demos import device_plugin as demo

@@ -12,6 +12,9 @@ from harness.local import LocalCluster, pid_alive
 from harness.ports import port_in_use
 from harness.spec import parse
 
+# brings local clusters up and down
+pytestmark = pytest.mark.local_backend
+
 SPEC = {
     "name": "gpulab-lifecycle",
     "ports": {

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -20,6 +21,9 @@ from kubernetes.client.rest import ApiException
 from gpulab.wait import wait_for
 from harness.apply import apply
 from harness.podrunner import network, runtime
+
+# the pod runner is the local backend's kubelet
+pytestmark = pytest.mark.local_backend
 
 # A small HTTP server in the lab's image: GET / answers with what the pod sees.
 SERVER = textwrap.dedent(
