@@ -174,7 +174,7 @@ def merge(prev: Call, new: Call) -> Call | None:
         new.warning,
         new.reply,
     )
-    if not same or new.time < prev.time or prev.id == new.id:
+    if not same or new.time < prev.time or (new.id and prev.id == new.id):
         return None
     return replace(new, count=prev.count + new.count)
 
