@@ -107,7 +107,7 @@ test-dashboard: setup chromium
 	  tests/e2e/test_dashboard_browser.py
 
 bench-dashboard: setup chromium
-	@$(BIN)/python -m bench.dashboard
+	@$(BIN)/python -m bench.run dashboard
 
 clean:
 	@$(MAKE) --no-print-directory -C fake-gpu clean

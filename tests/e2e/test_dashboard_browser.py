@@ -10,7 +10,6 @@ import contextlib
 import copy
 import json
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,10 @@ import yaml
 from conftest import Cluster, fresh_namespace, running_cluster
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from playwright.sync_api import BrowserContext, Page, sync_playwright
+from playwright.sync_api import BrowserContext, Page
 
 from demos.hami import vgpu_pod
-from gpulab.dashboard import server
+from gpulab.dashboard import headless, server
 from gpulab.dashboard.hub import Hub
 from gpulab.fakegpu import faults
 from gpulab.fakegpu.profiles import gpu_uuid
@@ -35,18 +34,6 @@ from harness.addons.device_plugin import fake_gpu_root
 from harness.ports import free_port
 
 SPEC = "dashboard-e2e"
-CHROMIUM = Path("/usr/bin/chromium")
-# polyglot.md: without the background-networking flags Chromium keeps dialling out
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 KUEUE_CRDS = Path(__file__).resolve().parents[2] / "manifests" / "kueue" / "crds"
 
@@ -67,18 +54,8 @@ def dashboard(cluster: Cluster) -> Iterator[server.Dashboard]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[BrowserContext]:
-    assert CHROMIUM.exists(), "the browser tests need Debian's chromium: run `make chromium`"
-    with tempfile.TemporaryDirectory() as profile, sync_playwright() as pw:
-        # a fresh --user-data-dir (Playwright passes it for a persistent context)
-        ctx = pw.chromium.launch_persistent_context(
-            profile,
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=FLAGS,
-            viewport={"width": 1400, "height": 1000},
-        )
+    with headless.browser() as ctx:  # fails (never skips) without Debian's chromium
         yield ctx
-        ctx.close()
 
 
 @pytest.fixture
