@@ -104,6 +104,7 @@ dashboard: setup
 
 test-dashboard: setup chromium
 	@$(BIN)/pytest -ra tests/unit/test_dashboard_views.py tests/unit/test_dashboard_chain.py \
+	  tests/unit/test_dashboard_hub.py \
 	  tests/e2e/test_dashboard_browser.py
 
 bench-dashboard: setup chromium

@@ -1,7 +1,10 @@
 """What each panel of the dashboard shows, computed from API objects. Pure: no I/O.
 
 Inputs are objects as the API server serves them (dicts); outputs are JSON-ready dicts
-the page renders as they are. Every format read here is the upstream one:
+the page renders as they are. Every format read here is the upstream one, of the releases
+the chapters pin (NVIDIA k8s-device-plugin v0.20.0, Project-HAMi/HAMi v2.10.0,
+kubernetes-sigs/kueue v0.19.2, scheduler-plugins v0.35.4, volcano-sh/volcano v1.15.1; the
+GPU Operator's ClusterPolicy ``nvidia.com/v1`` as DESIGN.md section 6 has it):
 
 - Node ``status.capacity`` / ``allocatable`` (``nvidia.com/gpu``, ``nvidia.com/mig-*``) and
   the GFD labels ``nvidia.com/gpu.product`` / ``.count`` / ``.memory`` / ``.replicas``
