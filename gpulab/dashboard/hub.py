@@ -301,7 +301,10 @@ class Hub:
 
     def _on_pod(self, d: Delta) -> None:
         k = views.key(d.obj)
-        before, after = d.old, (None if d.type == "DELETED" else d.obj)
+        if d.type == "DELETED":
+            before, after = d.obj, None
+        else:
+            before, after = d.old, d.obj
         with self._lock:
             for pod, index in ((before, False), (after, True)):
                 if pod is None:

@@ -388,7 +388,8 @@ _AVAILABLE = re.compile(r"^\d+/(\d+) nodes are available: (.*)$")
 
 def scheduler_reasons(message: str) -> list[tuple[str, int]]:
     """kube-scheduler's FailedScheduling summary as (reason, nodes), largest first."""
-    first = message.split(" preemption:", 1)[0].strip()
+    # the summary ends at the first sentence (then DRA's and preemption's notes follow)
+    first = message.split(" preemption:", 1)[0].split(". ", 1)[0].strip()
     match = _AVAILABLE.match(first)
     if not match:
         return []

@@ -117,6 +117,9 @@ def test_vgpu_slices_appear_in_their_gpu_box_within_2s(
         assert "30%" in page.locator(f'{box} .slice[data-pod="{ns}/{name}"]').inner_text()
     slices = page.locator(f'.slice[data-pod^="{ns}/"]')
     assert slices.count() == 3
+    core.delete_namespaced_pod("vgpu-0", ns, grace_period_seconds=0)
+    page.wait_for_selector(f'.slice[data-pod="{ns}/vgpu-0"]', state="detached", timeout=5_000)
+    assert slices.count() == 2  # the others stay
 
 
 def inject_xid(cluster: Cluster, node: str, gpu: int) -> None:
@@ -172,7 +175,6 @@ def test_a_pending_pod_shows_its_reason_and_the_filter_table(
     record = read_pod(cluster.api, ns, "too-big")["metadata"]["annotations"][FILTER_RESULT]
     assert shown == [list(r) for r in explain_rows(json.loads(record))]  # as `gpulab explain`
     assert {r[0] for r in shown} == {"gpu-t4", "gpu-a100"} and all(r[1] == "no" for r in shown)
-    page.locator("#explain .close").click()
 
 
 def test_the_sequence_diagram_gains_filter_bind_allocate(

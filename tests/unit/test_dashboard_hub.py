@@ -9,7 +9,8 @@ import datetime as dt
 from kubernetes.client.rest import ApiException
 
 from gpulab.dashboard import chain
-from gpulab.dashboard.hub import ApiHealth, Fanout, _unreachable
+from gpulab.dashboard.hub import ApiHealth, Fanout, Hub, _unreachable
+from gpulab.informer import Delta
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -85,3 +86,24 @@ def test_reachability_flips_once_per_change() -> None:
     assert changes == [True, False, True]
     assert _unreachable(ApiException(status=503))
     assert not _unreachable(ApiException(status=404))  # an answer: the server is there
+
+
+def test_a_deleted_pod_leaves_its_node_and_gang() -> None:
+    hub = Hub(api=None)  # type: ignore[arg-type]  # not started: handlers only
+    labels = {"scheduling.x-k8s.io/pod-group": "g"}
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "labels": labels},
+        "spec": {"nodeName": "n1"},
+    }
+    hub._on_pod(Delta("ADDED", pod))
+    assert hub._pods_by_node["n1"] == {"ns/p"}
+    while (key := hub.queue.get(timeout=0)) is not None:
+        hub.queue.done(key)
+    hub._on_pod(Delta("DELETED", pod))
+    assert hub._pods_by_node["n1"] == set()
+    assert hub._pods_by_group["coscheduling/ns/g"] == set()
+    keys = set()
+    while (key := hub.queue.get(timeout=0)) is not None:
+        keys.add(key)
+        hub.queue.done(key)
+    assert {"node:n1", "pg:coscheduling/ns/g", "pending:ns/p"} <= keys

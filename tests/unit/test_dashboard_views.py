@@ -164,7 +164,7 @@ def test_pending_pod_reason_and_the_explain_table() -> None:
     }
     p = pod("big", annotations={FILTER_RESULT: json.dumps(record)})
     p["spec"]["schedulerName"] = "hami-scheduler"
-    message = "0/3 nodes are available: 1 node(s) had untolerated taint, 2 CardInsufficientMemory. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."  # noqa: E501
+    message = "0/3 nodes are available: 1 node(s) had untolerated taint, 2 CardInsufficientMemory. no new claims to deallocate, preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."  # noqa: E501
     failed = {
         "metadata": {"name": "big.1", "namespace": "ns"},
         "reason": "FailedScheduling",

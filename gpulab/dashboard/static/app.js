@@ -263,8 +263,9 @@ function Explain() {
         ? html`<p>gone</p>`
         : html`<p><b>${x.reason}</b> ${x.message}</p>
             ${x.filter &&
-            html`<h4>HAMi extender Filter: nodes ${x.filter.nodePolicy}, GPUs
-                ${x.filter.gpuPolicy}</h4>
+            html`<h4>
+                HAMi extender Filter: nodes ${x.filter.nodePolicy}, GPUs ${x.filter.gpuPolicy}
+              </h4>
               <table class="filter">
                 <thead><tr><th>node</th><th>fit</th><th>reason</th><th>score</th><th>GPUs</th></tr></thead>
                 <tbody>
