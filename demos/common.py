@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpulab import informer, trace
+from gpulab.dashboard import chain
 from gpulab.wait import wait_for
 from harness.backends import Backend, ensure_up
 from harness.errors import HarnessError
@@ -46,7 +47,31 @@ def ensure_backend(
     backend = ensure_up(spec, args.backend, progress)
     for addon in addons:
         backend.ensure_addon(addon, progress)
+    _serve_dashboard(getattr(args, "dashboard", None), backend)
     return backend, spec
+
+
+# --dashboard: the live page of the demo's cluster (gpulab/dashboard), served by this process
+_dashboard: list[Any] = []
+
+
+def _serve_dashboard(port: int | None, backend: Backend) -> None:
+    if port is None or _dashboard:
+        return
+    from gpulab.dashboard.commands import DEFAULT_PORT
+    from gpulab.dashboard.hub import Hub
+    from gpulab.dashboard.server import start
+    from harness.spec import port_offset
+
+    api = backend.api()
+    hub = Hub(api, str(api.configuration.host)).start()
+    _dashboard.append(start(hub, port or DEFAULT_PORT + port_offset()))
+    say(f"dashboard: {_dashboard[0].url}")
+
+
+def running_dashboard() -> Any:
+    """The dashboard --dashboard started, if any."""
+    return _dashboard[0] if _dashboard else None
 
 
 def chapter(title: str, story: str) -> None:
@@ -174,7 +199,7 @@ class LiveTrace:
         )
 
     def write_diagram(self, path: Path) -> None:
-        path.write_text(trace.sequence_diagram(self.seen))
+        path.write_text(chain.sequence_diagram(self.seen))  # caller -> callee
         say(f"sequence diagram of this run written to {path}")
 
 
