@@ -20,6 +20,7 @@ ADDONS = {
     "device-plugin": "harness.addons.device_plugin",
     "hami": "harness.addons.hami",
     "kueue": "harness.addons.kueue",
+    "gpu-operator": "harness.addons.gpu_operator",
 }
 LOCAL_ONLY = {"hami", "kueue"}
 
