@@ -163,7 +163,12 @@ def run_validator(args: argparse.Namespace) -> int:
         sleep_seconds=args.sleep_interval_seconds,
         toolkit_install_dir=args.toolkit_install_dir,
     )
-    api = _api(args.kubeconfig)
+    from gpulab.kube import in_pod
+
+    # the toolkit and cuda checks need no API server: without one only the log is written
+    api = _api(args.kubeconfig) if args.kubeconfig or in_pod() else None
+    if api is None and opts.component in ("driver", "plugin"):
+        raise CLIError(f"--component {opts.component} reads the API server: pass --kubeconfig")
     tracer = Tracer("nvidia-validator", api, instance=opts.node)
     try:
         print(Validator(opts, api, tracer, time.sleep).run(), flush=True)

@@ -18,11 +18,11 @@ Deliberate differences: the config is the ConfigMap's file (``CONFIG_FILE``, els
 ``DEFAULT_CONFIG_FILE``; v0.15.0 first generates one from the GPUs' profiles and keeps the
 ConfigMap as its fallback); the mig-parted steps run in-process instead of as
 ``nvidia-mig-parted`` commands; before anything changes, a layout a GPU cannot hold fails
-(mig-parted would clear the GPU and leave it without MIG devices) and a GPU whose apply
-still fails gets its old layout back; a failure before the clients were paused changes
-no label but the state; the failure's reason is an Event on the node (upstream: the
-pod's log); no host systemd services are stopped (the lab's nodes have none); no CDI
-spec is written.
+(mig-parted would clear the GPU and leave it without MIG devices), and if applying still
+fails every GPU gets its old MIG mode and devices back; a failure before the clients
+were paused changes no label but the state; the failure's reason is an Event on the
+node (upstream: the pod's log); no host systemd services are stopped (the lab's nodes
+have none); no CDI spec is written.
 """
 
 from __future__ import annotations
@@ -255,8 +255,12 @@ class Reconfigure:
             self.step("setState", f"{nodelabels.MIG_CONFIG_STATE_LABEL}={PENDING}")
             self.shutdown_clients()
             self.wait_for_pods_deleted()
-            self.apply_mode_change(targets, gpus)
-            self.apply_config(targets)
+            try:
+                self.apply_mode_change(targets, gpus)
+                self.apply_config(targets)
+            except ReconfigureError:
+                self.restore(gpus)
+                raise
             self.delete_pods(VALIDATOR_POD)  # restartValidatorPod
             self.restart_clients()
             return self.set_state(SUCCESS)
@@ -345,7 +349,7 @@ class Reconfigure:
     def apply_mode_change(self, targets: Mapping[int, Target], gpus: list[Gpu]) -> None:
         """``applyMigModeChange`` (mig-parted ``apply --mode-only``): on every selected
         MIG-capable GPU, clear its MIG devices if MIG is on, set the wanted mode."""
-        self.nvml.calls.clear()
+        start = len(self.nvml.calls)
         for gpu in gpus:
             target = targets.get(gpu.index)
             if target is None or not gpu.mig_capable:
@@ -358,36 +362,50 @@ class Reconfigure:
                 f"GPU {gpu.index}: setting MIG mode",
                 lambda g=gpu, t=target: self.nvml.set_mode(g, t.mig_enabled),
             )
-        self.step("applyMigModeChange", _summary(self.nvml.calls), calls=list(self.nvml.calls))
+        calls = self.nvml.calls[start:]
+        self.step("applyMigModeChange", _summary(calls), calls=calls)
 
     def apply_config(self, targets: Mapping[int, Target]) -> None:
         """``applyMigConfig`` (mig-parted ``apply``): each MIG-enabled GPU gets its MIG
-        devices, largest first; a GPU where that fails gets its old ones back."""
-        self.nvml.calls.clear()
+        devices, largest first (``SetMigConfig``: clear what is there, then create)."""
+        start = len(self.nvml.calls)
         for gpu in self.nvml.gpus():
             target = targets.get(gpu.index)
             if target is None or not gpu.mig_capable or not target.mig_enabled:
                 continue
             if gpu.current == target.devices:
                 continue
-            before = dict(gpu.current)
             try:
-                self.nvml.clear(gpu)
+                if gpu.current:
+                    self.nvml.clear(gpu)
                 for name in migparted.flatten(target.devices):
                     self.nvml.create(gpu, gpu.profiles[name])
             except self.nvml.N.NVMLError as exc:
-                self._restore(gpu, before)
                 raise ReconfigureError(
-                    f"GPU {gpu.index}: error setting MIG config: {exc}; its old MIG devices "
-                    "were restored"
+                    f"GPU {gpu.index}: error setting MIG config: {exc}"
                 ) from None
-        self.step("applyMigConfig", _summary(self.nvml.calls), calls=list(self.nvml.calls))
+        calls = self.nvml.calls[start:]
+        self.step("applyMigConfig", _summary(calls), calls=calls)
 
-    def _restore(self, gpu: Gpu, devices: Mapping[str, int]) -> None:
-        current = next(g for g in self.nvml.gpus() if g.index == gpu.index)
-        self.nvml.clear(current)
-        for name in migparted.flatten(devices):
-            self.nvml.create(current, current.profiles[name])
+    def restore(self, before: list[Gpu]) -> None:
+        """(lab) Every GPU back as it was before the change: MIG mode and MIG devices."""
+        start = len(self.nvml.calls)
+        now = {g.index: g for g in self.nvml.gpus()}
+        for old in before:
+            gpu = now[old.index]
+            if not gpu.mig_capable or (gpu.mig_enabled, gpu.current) == (
+                old.mig_enabled,
+                old.current,
+            ):
+                continue
+            if gpu.current:
+                self.nvml.clear(gpu)
+            if gpu.mig_enabled != old.mig_enabled:
+                self.nvml.set_mode(gpu, old.mig_enabled)
+            for name in migparted.flatten(old.current):
+                self.nvml.create(gpu, gpu.profiles[name])
+        calls = self.nvml.calls[start:]
+        self.step("restore", "the previous MIG layout is back: " + _summary(calls), calls=calls)
 
     def restart_clients(self) -> None:
         """``restartKubernetesGPUClients``."""

@@ -99,7 +99,10 @@ def load_state(state: str, assets: Path = ASSETS, openshift: bool = False) -> li
 def object_hash(obj: Mapping[str, Any]) -> str:
     """``utils.GetObjectHash``: a digest of the rendered object (without the hash itself)."""
     clean = copy.deepcopy(dict(obj))
-    (clean.get("metadata") or {}).get("annotations", {}).pop(HASH_ANNOTATION, None)
+    meta = clean.get("metadata") or {}
+    meta.get("annotations", {}).pop(HASH_ANNOTATION, None)
+    if meta.get("annotations") == {}:
+        del meta["annotations"]
     data = json.dumps(clean, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(data).hexdigest()[:16]
 
