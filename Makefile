@@ -11,8 +11,8 @@ BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
-        demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
-        test-dashboard bench-dashboard
+        demo-cluster demo-device-plugin demo-hami demo-kueue demo-gpu-operator dashboard \
+        dashboard-web chromium test-dashboard bench-dashboard
 
 setup: venv fake-gpu binaries dashboard-web
 
@@ -59,6 +59,9 @@ demo-device-plugin: setup
 
 demo-kueue: setup
 	@$(GPULAB) demo kueue
+
+demo-gpu-operator: setup
+	@$(GPULAB) demo gpu-operator --spec gpu-operator
 
 down: venv
 	@$(GPULAB) down

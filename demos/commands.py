@@ -12,6 +12,7 @@ CHAPTERS = {
     "device-plugin": "demos.device_plugin",
     "hami": "demos.hami",
     "kueue": "demos.kueue",
+    "gpu-operator": "demos.gpu_operator",
 }
 
 

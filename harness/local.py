@@ -492,6 +492,8 @@ class LocalCluster(ClusterAPI):
         node gets the files kind would mount into its container."""
         for node in self.spec.nodes:
             (self.dir / "nodes" / node.name / "device-plugins").mkdir(parents=True, exist_ok=True)
+            # /run is a tmpfs: a node starts without what its pods left there last time
+            _rmtree(volumes.host_path(self.dir, node.name, "/run"))
             if node.profile:
                 mounted = volumes.host_path(self.dir, node.name, PROFILE_MOUNT)
                 mounted.parent.mkdir(parents=True, exist_ok=True)

@@ -315,10 +315,15 @@ class ClusterPolicyReconciler:
             self.metrics.status.set(STATUS_NOT_READY)
             self.metrics.failed.inc()
         requeue = f"; requeue after {end.requeue_after:g}s" if end.requeue_after else ""
+        why = (
+            f"states not ready: {', '.join(result.not_ready)}"
+            if result.not_ready
+            else end.condition[2]
+        )
         self.tracer.step(
             "Reconcile",
             policy_ref(instance),
-            f"status.state {end.state}: {end.condition[2]}{requeue}",
+            f"status.state {end.state}: {why}{requeue}",
             state=end.state,
             not_ready=result.not_ready,
         )
