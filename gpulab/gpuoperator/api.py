@@ -54,7 +54,6 @@ ENABLED_BY_DEFAULT = {
     "gdrcopy": False,
 }
 
-MIG_STRATEGIES = ("none", "single", "mixed")
 # the mig-parted ConfigMaps the operator ships (object_controls.go)
 MIG_PARTED_DEFAULT_CONFIGMAP = "default-mig-parted-config"
 MIG_DEFAULT_GPU_CLIENTS_CONFIGMAP = "default-gpu-clients"

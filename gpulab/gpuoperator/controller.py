@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import datetime as dt
 import http.server
-import json
 import logging
 import threading
 import time
@@ -521,7 +520,3 @@ def run(
         mgr.stop()
         probes.shutdown()
         tracer.flush(timeout=2)
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True)

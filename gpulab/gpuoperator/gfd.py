@@ -15,7 +15,6 @@ produces (after a MIG change, the old profile's labels).
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Mapping
@@ -104,8 +103,3 @@ def run(
                 return
     finally:
         tracer.flush(timeout=2)
-
-
-def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    return default if value is None else value.lower() in ("1", "t", "true")

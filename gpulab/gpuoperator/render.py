@@ -396,8 +396,3 @@ def transform_daemonset(obj: Obj, ctx: Context) -> None:
         elif key == "dcgmExporter":
             _dcgm_exporter(obj, spec, main)
     _common_metadata(obj, spec)
-
-
-def render_state(state: str, ctx: Context, assets: Path = ASSETS) -> list[Obj]:
-    """Every object of a state, rendered."""
-    return [render(doc, ctx) for doc in load_state(state, assets)]

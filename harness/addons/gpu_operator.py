@@ -1,4 +1,4 @@
-"""Addon ``gpu-operator``: NVIDIA GPU Operator's counterpart (``manifests/gpu-operator/``:
+"""Addon ``gpu-operator``: the lab's NVIDIA gpu-operator v26.7.0 (``manifests/gpu-operator/``:
 the ClusterPolicy CRD, the operator's namespace, RBAC and Deployment), on every backend.
 
 It deploys the operator only: the operands (driver, toolkit, validator, device plugin,

@@ -24,8 +24,12 @@ def ctx(spec: dict[str, Any] | None = None) -> render.Context:
     return render.Context(NS, "gpulab:dev", policy(spec))
 
 
+def render_state(state: str, context: render.Context) -> list[dict[str, Any]]:
+    return [render.render(doc, context) for doc in render.load_state(state)]
+
+
 def daemonset(state: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    (ds,) = [o for o in render.render_state(state, ctx(spec)) if o["kind"] == "DaemonSet"]
+    (ds,) = [o for o in render_state(state, ctx(spec)) if o["kind"] == "DaemonSet"]
     return ds
 
 
@@ -40,7 +44,7 @@ def env(c: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("state", states.STATES)
 def test_every_state_renders_owned_hashed_objects_in_the_operator_namespace(state: str) -> None:
-    for obj in render.render_state(state, ctx(SAMPLE["spec"])):
+    for obj in render_state(state, ctx(SAMPLE["spec"])):
         meta = obj["metadata"]
         if obj["kind"] in render.NAMESPACED:
             assert meta["namespace"] == NS
