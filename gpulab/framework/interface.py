@@ -151,8 +151,8 @@ class QueuedPodInfo:
     """A pod in the scheduling queue with its attempt bookkeeping (framework.QueuedPodInfo)."""
 
     pod_info: PodInfo
-    timestamp: float  # when it was added (back) to the queue
-    initial_attempt_timestamp: float | None = None
+    timestamp: float  # when it was added (back) to the queue (the queue's clock)
+    initial_attempt_timestamp: float | None = None  # first Pop, wall-clock seconds
     attempts: int = 0
     unschedulable_count: int = 0
     consecutive_errors_count: int = 0

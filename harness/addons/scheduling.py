@@ -1,10 +1,11 @@
-"""Addon ``scheduling``: gpulab-scheduler, the second scheduler of the scheduling-framework
-chapter (gpulab/framework + gpulab/schedulerplugins), as a host process.
+"""Addon ``scheduling``: the scheduling-framework chapter's components as host processes:
+gpulab-scheduler (gpulab/framework + gpulab/schedulerplugins) and the PodGroup
+controller.
 
-On kind this is the Deployment in ``manifests/scheduling/``. Here the process reads the
-ConfigMap's KubeSchedulerConfiguration (with ``clientConnection.kubeconfig`` pointed at
-the cluster) and serves /healthz on a free loopback port. The CRDs are applied before it
-starts, so its informers find them.
+On kind these are the Deployments in ``manifests/scheduling/``. Here gpulab-scheduler
+reads the ConfigMap's KubeSchedulerConfiguration (``clientConnection.kubeconfig``
+pointed at the cluster) and serves /healthz on a free loopback port. The CRDs
+(PodGroup, NodeResourceTopology) are applied first, so the informers find them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 SCHEDULER = "gpulab-scheduler"
+CONTROLLER = "podgroup-controller"
 MANIFEST_DIR = MANIFESTS / "scheduling"
 
 
@@ -32,7 +34,10 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
     apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform())
     port = free_port()
     start_scheduler(cluster, port)
-    progress(f"scheduling: {SCHEDULER} running (healthz on 127.0.0.1:{port})")
+    cluster.start_process(
+        CONTROLLER, [*GPULAB, "podgroup-controller", "--kubeconfig", str(cluster.kubeconfig)]
+    )
+    progress(f"scheduling: {SCHEDULER} (healthz on 127.0.0.1:{port}) and {CONTROLLER} running")
 
 
 def scheduler_config(cluster: LocalCluster) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -10,6 +13,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpulab.framework.objects import manifest
+from gpulab.schedulerplugins.apis import POD_GROUP_LABEL
 from gpulab.wait import wait_for
 
 SPEC = "scheduling-e2e"
@@ -65,3 +69,59 @@ def delete_pods(api: client.ApiClient, ns: str, timeout: float = 60) -> None:
     core = client.CoreV1Api(api)
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod(ns).items, timeout, f"pods of {ns} to go")
+
+
+class GangWatch:
+    """Watches a namespace's pods for the whole test and remembers, per pod group, when
+    its bound count changed: a gang may pass through partial counts only while its
+    Bindings are being made (``grace`` seconds), never stay partially bound."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, min_members: Mapping[str, int]):
+        self.api = api
+        self.namespace = namespace
+        self.min_members = dict(min_members)
+        self.bound: dict[str, set[str]] = {g: set() for g in min_members}
+        self.history: dict[str, list[tuple[float, int]]] = {g: [(0.0, 0)] for g in min_members}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> GangWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        from gpulab.informer import PODS, ListWatch, follow
+
+        lw = ListWatch(self.api, PODS, namespace=self.namespace)
+        for delta in follow(lw, self._stop):
+            pod = delta.obj
+            group = (pod["metadata"].get("labels") or {}).get(POD_GROUP_LABEL)
+            if group not in self.bound:
+                continue
+            name = pod["metadata"]["name"]
+            holds = delta.type != "DELETED" and bool(pod["spec"].get("nodeName"))
+            before = len(self.bound[group])
+            (self.bound[group].add if holds else self.bound[group].discard)(name)
+            if len(self.bound[group]) != before:
+                self.history[group].append((time.monotonic(), len(self.bound[group])))
+
+    def count(self, group: str) -> int:
+        return len(self.bound[group])
+
+    def partial_spans(self, group: str, grace: float = 5.0) -> list[tuple[int, float]]:
+        """(count, seconds) of every partial state that lasted longer than ``grace``
+        (the current one up to now)."""
+        want = self.min_members[group]
+        spans = []
+        steps = [*self.history[group], (time.monotonic(), -1)]
+        for (t0, n), (t1, _) in itertools.pairwise(steps):
+            if 0 < n < want and t1 - t0 > grace:
+                spans.append((n, round(t1 - t0, 1)))
+        return spans
+
+    def assert_never_partial(self) -> None:
+        problems = {g: self.partial_spans(g) for g in self.bound}
+        assert not any(problems.values()), f"gangs stayed partially bound: {problems}"
