@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import grpc
 
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
-from gpulab.nodeagent import policy
+from gpulab.nodeagent import policy, topology
 from gpulab.nodeagent.endpoint import Endpoint
 from gpulab.trace import ObjectRef, Tracer
 
@@ -72,6 +72,9 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         # own annotation patch, and that must not make its devices look free.
         self._records: dict[str, dict[str, policy.ContainerRecord]] = {}
         self._rejected: set[str] = set()
+        # kubelet's Topology Manager; its config and the machine's NUMA nodes live in the
+        # kubelet root dir, the device-plugins dir's parent (gpulab/nodeagent/topology.py)
+        self._topology = topology.TopologyManager.load(socket_dir.parent)
         self._work: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue()
         self._server: grpc.Server | None = None
         self._stop = threading.Event()
@@ -218,6 +221,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             if kind == "resync" and obj is not None:
                 self._pods = {policy.pod_key(p): p for p in obj["items"]}
                 self._records = policy.records_of(obj["items"])
+                self._topology.resync(obj["items"])
             elif kind == "DELETED" and obj is not None:
                 self._forget(policy.pod_key(obj))
             elif kind in ("ADDED", "MODIFIED") and obj is not None:
@@ -235,6 +239,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         """The pod finished or is gone: its devices are free again."""
         self._pods.pop(key, None)
         self._rejected.discard(key)
+        self._topology.forget(key)
         if self._records.pop(key, None):
             _log.info("freed the devices of pod %s", key)
 
@@ -254,6 +259,8 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         ref = ObjectRef("Pod", meta["name"], meta.get("namespace"), meta.get("uid"))
         records: dict[str, policy.ContainerRecord] = {}
         try:
+            # Topology Manager admission: a NUMA node per container, or TopologyAffinityError
+            self._topology.Admit(pod, todo, self._free_devices(key, todo))
             for need in todo:
                 records[need.name] = self._allocate_container(pod, need, done, records)
         except (policy.AdmissionError, grpc.RpcError) as exc:
@@ -261,6 +268,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             return
         self._records.setdefault(key, {}).update(records)
         annotations = {policy.annotation_key(c): r.to_json() for c, r in records.items()}
+        annotations.update(self._topology.annotations(key))  # the NUMA choice, for restarts
         try:
             self._api.annotate_pod(meta["namespace"], meta["name"], annotations)
         except Exception as exc:  # the devices stay held in memory either way
@@ -307,6 +315,8 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
                 for d in r.devices.get(resource, ())
             ]
             available, must = policy.devices_to_allocate(resource, n, healthy, held, reusable)
+            # single-numa-node: only the devices on the NUMA node admission chose
+            available = self._topology.Aligned(key, need.name, resource, available, n)
             if endpoint.options.get_preferred_allocation_available:
                 preferred = endpoint.get_preferred_allocation(available, must, n)
                 ids = policy.check_preferred(preferred, available, n)
@@ -336,6 +346,17 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             ]
         return record
 
+    def _free_devices(self, key: str, needs: list[policy.ContainerNeed]) -> dict[str, list[str]]:
+        """Per resource the pod asks for: healthy devices no other pod holds."""
+        with self._lock:
+            health = {r: dict(self._health.get(r, {})) for n in needs for r in n.resources}
+        return {
+            r: policy.free_devices(
+                [d for d, ok in h.items() if ok], policy.in_use(self._records, r, exclude=key)
+            )
+            for r, h in health.items()
+        }
+
     @staticmethod
     def _is_init(pod: Mapping[str, Any], container: str) -> bool:
         return any(
@@ -345,14 +366,13 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
     def _reject(self, pod: dict[str, Any], ref: ObjectRef, exc: Exception) -> None:
         detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
         message = f"Allocate failed due to {detail}, which is unexpected"
+        reason = policy.ADMISSION_ERROR_REASON
+        if isinstance(exc, topology.TopologyAffinityError):  # as kubelet's rejectPod words it
+            message, reason = f"Pod was rejected: {detail}", exc.reason
         meta = pod["metadata"]
         self._rejected.add(policy.pod_key(pod))
-        self._tracer.step(
-            "Allocate", ref, message, warning=True, reason=policy.ADMISSION_ERROR_REASON
-        )
+        self._tracer.step("Allocate", ref, message, warning=True, reason=reason)
         try:
-            self._api.fail_pod(
-                meta["namespace"], meta["name"], policy.ADMISSION_ERROR_REASON, message
-            )
+            self._api.fail_pod(meta["namespace"], meta["name"], reason, message)
         except Exception as api_exc:
             _log.warning("could not fail pod %s: %s", ref, api_exc)

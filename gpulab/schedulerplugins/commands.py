@@ -26,8 +26,13 @@ def registry() -> Registry:
     """The in-tree plugins plus scheduler-plugins' (the scheduler binary's registry)."""
     from gpulab.framework.plugins import in_tree_registry
     from gpulab.schedulerplugins.coscheduling import coscheduling
+    from gpulab.schedulerplugins.noderesourcetopology import plugin as noderesourcetopology
 
-    return {**in_tree_registry(), coscheduling.NAME: coscheduling.new}
+    return {
+        **in_tree_registry(),
+        coscheduling.NAME: coscheduling.new,
+        noderesourcetopology.NAME: noderesourcetopology.new,
+    }
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
