@@ -11,7 +11,8 @@ BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
-        demo-cluster demo-device-plugin demo-hami demo-kueue
+        demo-cluster demo-device-plugin demo-hami demo-kueue \
+        demo-coscheduling demo-numa
 
 setup: venv fake-gpu binaries
 
@@ -58,6 +59,12 @@ demo-device-plugin: setup
 
 demo-kueue: setup
 	@$(GPULAB) demo kueue
+
+demo-coscheduling: setup
+	@$(GPULAB) demo coscheduling --backend local --spec scheduling
+
+demo-numa: setup
+	@$(GPULAB) demo numa --backend local --spec scheduling
 
 down: venv
 	@$(GPULAB) down
