@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import http.server
 import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+import yaml
 from conftest import Cluster, running_cluster
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -15,8 +19,10 @@ from kubernetes.client.rest import ApiException
 from gpulab.framework.objects import manifest
 from gpulab.schedulerplugins.apis import POD_GROUP_LABEL
 from gpulab.wait import wait_for
+from harness.ports import free_port
 
 SPEC = "scheduling-e2e"
+RECORDED = "cross-check: recorded by the test's extender"
 SCHEDULER = "gpulab-scheduler"
 Obj = dict[str, Any]
 
@@ -125,3 +131,64 @@ class GangWatch:
     def assert_never_partial(self) -> None:
         problems = {g: self.partial_spans(g) for g in self.bound}
         assert not any(problems.values()), f"gangs stayed partially bound: {problems}"
+
+
+class RecordingExtender:
+    """A scheduler extender whose /filter records the NodeNames kube-scheduler found
+    feasible, per pod; it rejects them all (nothing binds) unless ``fail`` is False."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[str]] = {}
+        self.fail = True
+        recorder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                meta = args["Pod"]["metadata"]
+                names = list(args.get("NodeNames") or [])
+                recorder.seen[f"{meta['namespace']}/{meta['name']}"] = names
+                result = {"NodeNames": names, "FailedNodes": {}, "Error": ""}
+                if recorder.fail:
+                    result = {"NodeNames": [], "FailedNodes": dict.fromkeys(names, RECORDED)}
+                body = json.dumps({"Error": "", **result}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+def start_peer_scheduler(
+    cluster: Cluster, name: str, binary: Path, config: Mapping[str, Any], kubeconfig: Path
+) -> None:
+    """Start a kube-scheduler binary with ``config`` as one of the cluster's processes
+    (``gpulab down`` stops it); return once its /healthz answers."""
+    local = cluster.local
+    path = local.dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**config, "clientConnection": {"kubeconfig": str(kubeconfig)}}))
+    port = free_port()
+    local.start_process(
+        name,
+        [
+            str(binary),
+            f"--config={path}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+        ],
+        ports=[port],
+    )
+    local.wait_http(f"https://127.0.0.1:{port}/healthz", name, verify=False)

@@ -15,23 +15,23 @@ preemption, gpulab-scheduler's Coscheduling "can not find pod group").
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from conftest import Cluster, fresh_namespace
 from kubernetes import client
 from scheduling_helpers import (
+    RECORDED,
     SCHEDULER,
+    RecordingExtender,
     create_pod,
     delete_pods,
     events_about,
     read_pod,
     scheduling_cluster,
+    start_peer_scheduler,
     wait_bound,
 )
 
@@ -39,11 +39,9 @@ from gpulab.framework.objects import GPU, make_pod
 from gpulab.framework.plugins.defaultbinder import FILTER_RESULT
 from gpulab.wait import wait_for
 from harness import binaries
-from harness.ports import free_port
 
 PEER = "crosscheck-scheduler"
 OUR_POST_FILTER = " can not find pod group"  # Coscheduling's PostFilter, for a pod of no group
-RECORDED = "cross-check: recorded by the test's extender"
 Obj = dict[str, Any]
 
 
@@ -52,73 +50,23 @@ def cluster() -> Iterator[Cluster]:
     yield from scheduling_cluster()
 
 
-class RecordingExtender:
-    """A scheduler extender whose /filter records NodeNames per pod and rejects them all."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, list[str]] = {}
-        recorder = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                meta = args["Pod"]["metadata"]
-                names = list(args.get("NodeNames") or [])
-                recorder.seen[f"{meta['namespace']}/{meta['name']}"] = names
-                body = json.dumps(
-                    {"NodeNames": [], "FailedNodes": dict.fromkeys(names, RECORDED), "Error": ""}
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
-
-
 @pytest.fixture(scope="module")
 def extender(cluster: Cluster) -> Iterator[RecordingExtender]:
     """The recording extender and the real kube-scheduler that calls it."""
     ext = RecordingExtender()
-    local = cluster.local
     config = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(local.dir / "scheduler.kubeconfig")},
         "leaderElection": {"leaderElect": False},
         "profiles": [{"schedulerName": PEER}],
         "extenders": [
             {"urlPrefix": ext.url, "filterVerb": "filter", "nodeCacheCapable": True, "weight": 1}
         ],
     }
-    path = local.dir / f"{PEER}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    local.start_process(
-        PEER,
-        [
-            str(binaries.binary("kube-scheduler")),
-            f"--config={path}",
-            f"--authentication-kubeconfig={local.dir / 'scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={local.dir / 'scheduler.kubeconfig'}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-        ],
-        ports=[port],
-    )
-    local.wait_http(f"https://127.0.0.1:{port}/healthz", PEER, verify=False)
+    kubeconfig = cluster.local.dir / "scheduler.kubeconfig"
+    start_peer_scheduler(cluster, PEER, binaries.binary("kube-scheduler"), config, kubeconfig)
     yield ext
-    local.stop_process(PEER)
+    cluster.local.stop_process(PEER)
     ext.server.shutdown()
 
 
