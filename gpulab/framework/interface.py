@@ -127,10 +127,6 @@ class CycleState:
         with self._lock:
             self._data[key] = value
 
-    def delete(self, key: str) -> None:
-        with self._lock:
-            self._data.pop(key, None)
-
 
 PODS_TO_ACTIVATE_KEY = "kubernetes.io/pods-to-activate"
 
@@ -273,8 +269,6 @@ class ClusterEvent:
 
 EVENT_ASSIGNED_POD_ADD = ClusterEvent(ASSIGNED_POD, ActionType.ADD, "AssignedPodAdd")
 EVENT_ASSIGNED_POD_DELETE = ClusterEvent(ASSIGNED_POD, ActionType.DELETE, "AssignedPodDelete")
-EVENT_UNSCHEDULABLE_TIMEOUT = ClusterEvent(WILDCARD, ActionType.ALL, "UnschedulableTimeout")
-EVENT_FORCE_ACTIVATE = ClusterEvent(WILDCARD, ActionType.ALL, "ForceActivate")
 
 
 def node_update_events(old: Obj, new: Obj) -> list[ClusterEvent]:

@@ -7,7 +7,7 @@ largest init container - restartable (sidecar) init containers count as running 
 everything after them - pod-level requests for cpu/memory, plus ``spec.overhead``).
 
 Pure functions over pod/node JSON dicts as the API server serves them (quantities parsed
-and printed with the helpers of gpulab.kueue.api). The Volcano
+with gpulab.kueue.api's helper). The Volcano
 chapter reuses them (its predicates and proportion plugins do the same arithmetic).
 
 Lab differences: requests come from ``spec`` only (upstream reads the resized
@@ -18,12 +18,12 @@ not counted.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpulab.kueue.api import format_quantity, quantity
+from gpulab.kueue.api import quantity
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -225,12 +225,6 @@ def pod_non_zero_request(pod: Obj) -> Resource:
         milli_cpu=milli_value_of(reqs.get(CPU, Decimal(0))),
         memory=value_of(reqs.get(MEMORY, Decimal(0))),
     )
-
-
-def format_resources(resources: Mapping[str, Decimal] | Iterable[tuple[str, Decimal]]) -> str:
-    """``cpu=2 memory=8Gi nvidia.com/gpu=4`` for traces and tables."""
-    items = resources.items() if isinstance(resources, Mapping) else resources
-    return " ".join(f"{name}={format_quantity(q)}" for name, q in sorted(items))
 
 
 GUARANTEED, BURSTABLE, BEST_EFFORT = "Guaranteed", "Burstable", "BestEffort"

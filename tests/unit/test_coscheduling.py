@@ -182,7 +182,7 @@ def test_a_gang_that_cannot_fit_is_rejected_whole_and_holds_nothing() -> None:
 
 def test_waiting_members_time_out_together() -> None:
     sched, informers, binder, io_ = build(FOUR_GPU_NODES)
-    gang(informers, sched, "slow", 3, 4, timeout=1)  # a member is missing... until it isn't
+    gang(informers, sched, "slow", 3, 4, timeout=3)  # a member is missing... until it isn't
     informers.store(PODS).apply(
         "ADDED", make_pod("slow-x", NS, labels={apis.POD_GROUP_LABEL: "slow"})
     )  # counts for the quorum, never scheduled here
@@ -193,7 +193,7 @@ def test_waiting_members_time_out_together() -> None:
     notes = {name: n for name, reason, n in io_.events if reason == "FailedScheduling"}
     assert set(notes) == {"slow-0", "slow-1", "slow-2"}
     # the first to time out unreserves and rejects the rest (unless their timers won)
-    assert "rejected due to timeout after waiting 1s at plugin Coscheduling" in notes["slow-0"]
+    assert "rejected due to timeout after waiting 3s at plugin Coscheduling" in notes["slow-0"]
     assert all("timeout" in n or "rejection in Unreserve" in n for n in notes.values())
 
 
