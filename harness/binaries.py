@@ -20,6 +20,7 @@ sha256 sums, so a corrupt or truncated binary is detected before it is started.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -127,7 +128,11 @@ def binary(name: str) -> Path:
 
 
 def verify(comp: Component) -> list[str]:
-    """Problems with a component's cached binaries; empty when all are present and intact."""
+    """Problems with a component's cached binaries; empty when all are present and intact.
+
+    Hashing the binaries takes most of a second; a file whose size and modification time
+    are those recorded at its last full check is not hashed again.
+    """
     manifest_path = comp.bin_dir / "manifest.json"
     if not manifest_path.exists():
         return [f"{comp.name} {comp.version} is not built yet"]
@@ -135,13 +140,28 @@ def verify(comp: Component) -> list[str]:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
         return [f"{manifest_path} is unreadable"]
+    checked_path = comp.bin_dir / "checked.json"
+    try:
+        checked = json.loads(checked_path.read_text())
+    except (OSError, ValueError):
+        checked = {}
     problems = []
     for name in comp.commands:
         path = comp.binary(name)
         if not path.exists():
             problems.append(f"{path} is missing")
-        elif manifest.get(name) != _sha256(path):
+            continue
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns, manifest.get(name)]
+        if checked.get(name) == stamp:
+            continue
+        if manifest.get(name) != _sha256(path):
             problems.append(f"cached binary {path} is corrupt (checksum mismatch)")
+        else:
+            checked[name] = stamp
+    if not problems:
+        with contextlib.suppress(OSError):
+            checked_path.write_text(json.dumps(checked))
     return problems
 
 

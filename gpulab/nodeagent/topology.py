@@ -313,11 +313,12 @@ class TopologyManager:
             return {}
         return {AFFINITY_ANNOTATION: encode(containers)}
 
-    def resync(self, pods: Iterable[Obj]) -> None:
-        """After a restart: the assignments of the active pods, from their annotations."""
-        self.assignments = {
-            policy.pod_key(p): decode(p) for p in pods if not policy.is_terminal(p) and decode(p)
-        }
+    def adopt(self, pods: Iterable[Obj]) -> None:
+        """After a restart: take over the choices recorded on the active pods."""
+        for p in pods:
+            key = policy.pod_key(p)
+            if key not in self.assignments and not policy.is_terminal(p) and decode(p):
+                self.assignments[key] = decode(p)
 
     def forget(self, pod_key: str) -> None:
         self.assignments.pop(pod_key, None)

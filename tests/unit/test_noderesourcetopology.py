@@ -298,7 +298,7 @@ def test_topology_manager_off_without_single_numa_node_and_survives_restarts() -
         "metadata": {**pod["metadata"], "annotations": tm.annotations(policy.pod_key(pod))},
     }
     restarted = topology.TopologyManager(KUBELET, T4)
-    restarted.resync([annotated])
+    restarted.adopt([annotated])
     assert restarted.assignments == tm.assignments
     with pytest.raises(topology.TopologyAffinityError):  # 4 GPUs, 2 per NUMA node
         tm.Admit(make_pod("q", requests={GPU: 4}), [need("main", 4)], {GPU: list(T4.devices)})

@@ -23,9 +23,9 @@ from harness.spec import load
 def test_scheduling_specs_have_their_own_ports_and_the_addon(monkeypatch) -> None:
     monkeypatch.delenv("GPULAB_PORT_OFFSET", raising=False)
     workshop, e2e = load("scheduling"), load("scheduling-e2e")
-    assert workshop.ports["apiserver"] == 39443 and e2e.ports["apiserver"] == 47443
-    assert set(workshop.ports.values()) == {39443, 35379, 35380, 33257, 33259}
-    assert set(e2e.ports.values()) == {47443, 43379, 43380, 41257, 41259}
+    assert workshop.ports["apiserver"] == 25443 and e2e.ports["apiserver"] == 26443
+    assert set(workshop.ports.values()) == {25443, 25379, 25380, 25257, 25259}
+    assert set(e2e.ports.values()) == {26443, 26379, 26380, 26257, 26259}
     assert workshop.addons == e2e.addons == ("scheduling", "device-plugin")
     assert [n.name for n in workshop.nodes] == [n.name for n in e2e.nodes]
 
