@@ -12,7 +12,8 @@ GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
         demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
-        test-dashboard bench-dashboard
+        test-dashboard bench-dashboard \
+        demo-coscheduling demo-numa
 
 setup: venv fake-gpu binaries dashboard-web
 
@@ -59,6 +60,12 @@ demo-device-plugin: setup
 
 demo-kueue: setup
 	@$(GPULAB) demo kueue
+
+demo-coscheduling: setup
+	@$(GPULAB) demo coscheduling --backend local --spec scheduling
+
+demo-numa: setup
+	@$(GPULAB) demo numa --backend local --spec scheduling
 
 down: venv
 	@$(GPULAB) down

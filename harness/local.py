@@ -416,6 +416,12 @@ class LocalCluster(ClusterAPI):
         _stop(rec)
         return rec
 
+    def restart_process(self, name: str) -> ProcessRecord:
+        """Stop a host process and start it again with the same command line and
+        environment (a node agent re-reading its kubelet config)."""
+        rec = self.stop_process(name)
+        return self.start_process(rec.name, rec.argv, rec.ports, rec.env, rec.service)
+
     def check_alive(self) -> None:
         for rec in self.processes():
             child = self._children.get(rec.pid)

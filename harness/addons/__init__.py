@@ -20,6 +20,7 @@ ADDONS = {
     "device-plugin": "harness.addons.device_plugin",
     "hami": "harness.addons.hami",
     "kueue": "harness.addons.kueue",
+    "scheduling": "harness.addons.scheduling",
 }
 LOCAL_ONLY = {"hami", "kueue"}
 
