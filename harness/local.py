@@ -29,8 +29,10 @@ from typing import Any
 
 import httpx
 import yaml
+from kubernetes.utils import parse_quantity
 
 from gpulab.fakegpu import faults, paths, profiles
+from gpulab.nodeagent.topology import KUBELET_CONFIG, MACHINE_INFO, MachineInfo
 from gpulab.state import cluster_dir
 from gpulab.wait import WaitTimeout, wait_for
 from harness import addons, binaries, pki
@@ -504,6 +506,16 @@ class LocalCluster(ClusterAPI):
         block = self._block = network.acquire_block(self.dir)
         for node in self.spec.nodes:
             if node.profile:  # kubelet's device manager, for the node's device plugin pods
+                root = volumes.kubelet_root(self.dir, node.name)
+                (root / KUBELET_CONFIG).write_text(self.spec.kubelet.to_yaml())
+                # what kubelet learns from the machine (cAdvisor): its NUMA nodes
+                machine = MachineInfo.of(
+                    node.name,
+                    node.profile,
+                    int(parse_quantity(node.cpu)),
+                    int(parse_quantity(node.memory)),
+                )
+                (root / MACHINE_INFO).write_text(machine.to_yaml())
                 sockets = volumes.host_path(self.dir, node.name, volumes.DEVICE_PLUGIN_DIR)
                 self.start_process(
                     f"node-agent-{node.name}",

@@ -28,7 +28,6 @@ from scheduling_helpers import (
 from gpulab.framework.objects import GPU, make_pod
 from gpulab.schedulerplugins import apis
 from gpulab.wait import WaitTimeout, wait_for
-from harness.addons.scheduling import SCHEDULER as SCHEDULER_PROCESS
 
 T4 = {"gpulab.io/gpu-profile": "t4-x4"}
 Obj = dict[str, Any]
@@ -226,7 +225,7 @@ def test_restarts_of_the_scheduler_and_the_api_server_never_bind_a_partial_gang(
             create_pod(api, worker(ns, "job", i))
         wait_for(lambda: len(permit_waits(api, ns, names)) >= 3, 30, "3 workers at Permit")
         # the scheduler dies with 3 pods waiting: nothing was bound, nothing may be
-        local.restart_process(SCHEDULER_PROCESS)
+        local.restart(SCHEDULER)  # its pod deleted: the Deployment starts a new one
         local.restart_process("kube-apiserver")
         local.wait_http(f"{local.server}/readyz", "kube-apiserver")
         assert watch.count("job") == 0

@@ -38,7 +38,7 @@ from gpulab.framework.plugins.defaultbinder import FILTER_RESULT
 from gpulab.schedulerplugins import apis
 from gpulab.wait import wait_for
 from harness import binaries
-from harness.addons.scheduling import scheduler_config
+from harness.addons.scheduling import profile_config
 
 PEER = "upstream-scheduler-plugins"
 GPU_NODES = ("gpu-a100", "gpu-h100", "gpu-t4-0", "gpu-t4-1")
@@ -56,7 +56,7 @@ def upstream(cluster: Cluster) -> Iterator[RecordingExtender]:
         binaries.SCHEDULER_PLUGINS, "scheduler-plugins-kube-scheduler", print
     )
     ext = RecordingExtender()
-    config = scheduler_config(cluster.local)  # gpulab-scheduler's own profile ...
+    config = profile_config()  # gpulab-scheduler's own profile ...
     config["profiles"][0]["schedulerName"] = PEER  # ... under another name
     config["extenders"] = [
         {"urlPrefix": ext.url, "filterVerb": "filter", "nodeCacheCapable": True, "weight": 1}

@@ -4,7 +4,6 @@ the test peer's build recipe (pure, no cluster)."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import yaml
 
@@ -30,13 +29,9 @@ def test_scheduling_specs_have_their_own_ports_and_the_addon(monkeypatch) -> Non
     assert [n.name for n in workshop.nodes] == [n.name for n in e2e.nodes]
 
 
-class FakeCluster:
-    kubeconfig = Path("/state/kubeconfig")
-
-
 def test_the_shipped_profile_builds_with_both_plugins() -> None:
-    cfg = config.parse(scheduling.scheduler_config(FakeCluster()))  # type: ignore[arg-type]
-    assert cfg.kubeconfig == "/state/kubeconfig"
+    cfg = config.parse(scheduling.profile_config())
+    assert cfg.kubeconfig is None  # in a pod: its ServiceAccount
 
     class Informers:
         def store(self, resource, handlers=None):
@@ -53,7 +48,7 @@ def test_the_shipped_profile_builds_with_both_plugins() -> None:
 
 
 def test_kubelet_config_and_machine_files_for_a_node() -> None:
-    data = yaml.safe_load(scheduling.KUBELET.to_yaml())
+    data = yaml.safe_load(load("scheduling").kubelet.to_yaml())
     assert data["kind"] == "KubeletConfiguration"
     assert data["topologyManagerPolicy"] == "single-numa-node"
     h100 = MachineInfo.of("gpu-h100", "h100-80gb-x8", 16, 256 * 2**30)
