@@ -19,25 +19,25 @@ Each worker node carries its GPU profile as a file mounted at
 
 from __future__ import annotations
 
-import base64
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from gpulab.fakegpu import profiles
 from gpulab.state import cluster_dir
+from gpulab.wait import WaitTimeout, wait_for
 from harness import pki
+from harness.backends import SYSTEM_NAMESPACE, ClusterAPI, ready_nodes
 from harness.errors import HarnessError
-from harness.spec import ClusterSpec
+from harness.spec import PROFILE_MOUNT, ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "gpulab:dev"
-PROFILE_MOUNT = "/etc/fake-gpu/profile.yaml"
 K3S_IMAGE = "rancher/k3s:v1.36.3-k3s1"
 
 Runner = Callable[[Sequence[str]], None]
@@ -116,38 +116,7 @@ def k3d_config(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
-def serving_secrets(
-    ca: pki.KeyPair, directory: Path, docs: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """A ``<service>-tls`` Secret (kubernetes.io/tls) for each Service a webhook calls,
-    its certificate signed by ``ca`` for the Service's in-cluster DNS names."""
-    from harness.apply import webhook_services
-
-    secrets = []
-    for name, namespace in sorted(webhook_services(docs)):
-        hosts = (
-            name,
-            f"{name}.{namespace}",
-            f"{name}.{namespace}.svc",
-            f"{name}.{namespace}.svc.cluster.local",
-        )
-        pair = pki.issue(ca, directory, f"{name}-{namespace}", hosts[2], hosts=hosts)
-        secrets.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {"name": f"{name}-tls", "namespace": namespace},
-                "data": {
-                    "tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
-                    "tls.key": base64.b64encode(pair.key.read_bytes()).decode(),
-                },
-            }
-        )
-    return secrets
-
-
-class DockerCluster:
+class DockerCluster(ClusterAPI):
     """kind or k3d, chosen by ``tool``; ``runner`` is injectable so tests see the commands."""
 
     def __init__(self, tool: str, spec: ClusterSpec, runner: Runner = run_command) -> None:
@@ -246,15 +215,16 @@ class DockerCluster:
         self._apply([name], progress)
 
     def _apply(self, dirs: list[str], progress: Progress) -> None:
-        """Apply manifests/<dir>/ with serving-cert Secrets and caBundles from our CA."""
-        from gpulab.kube import api_client
-        from harness.apply import MANIFESTS, ServiceTransform, apply, load_documents
+        from harness.apply import MANIFESTS
+
+        self.apply([MANIFESTS / d for d in dirs], progress)
+
+    def apply(self, paths: list[Path], progress: Progress) -> None:
+        """Apply manifests with serving-cert Secrets and caBundles from our CA."""
+        from harness.apply import ServiceTransform, apply
 
         ca = pki.KeyPair(self.pki_dir() / "ca.crt", self.pki_dir() / "ca.key")
-        paths = [MANIFESTS / d for d in dirs]
-        secrets = serving_secrets(ca, self.pki_dir(), load_documents(paths))
-        transform = ServiceTransform(ca.cert.read_bytes())
-        apply(api_client(self.kubeconfig), paths, progress, transform, extra=secrets)
+        apply(self.api(), paths, progress, ServiceTransform(ca, self.pki_dir()))
 
     def pki_dir(self) -> Path:
         path = self.dir / "pki"
@@ -262,24 +232,22 @@ class DockerCluster:
         return path
 
     def _wait_nodes(self, progress: Progress) -> None:
-        from kubernetes import client
+        want = len(self.spec.nodes) + 1  # the workers and the control plane
+        seen: list[int] = []
 
-        from gpulab.kube import api_client
+        def all_ready() -> bool:
+            ready = len(ready_nodes(self.api()))
+            if not seen or seen[-1] != ready:
+                seen.append(ready)
+                progress(f"nodes Ready: {ready}/{want}")
+            return ready == want
 
-        core = client.CoreV1Api(api_client(self.kubeconfig))
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            nodes = core.list_node().items
-            ready = [
-                n
-                for n in nodes
-                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-            ]
-            progress(f"nodes Ready: {len(ready)}/{len(self.spec.nodes) + 1}")
-            if len(ready) == len(self.spec.nodes) + 1:
-                return
-            time.sleep(5)
-        raise HarnessError(f"{self.tool} nodes not Ready after 300s; see `kubectl get nodes`")
+        try:
+            wait_for(all_ready, 300, "nodes", interval=5)
+        except WaitTimeout:
+            raise HarnessError(
+                f"{self.tool} nodes not Ready after 300s; see `kubectl get nodes`"
+            ) from None
 
     def down(self, progress: Progress) -> None:
         for argv in self.commands_down():
@@ -288,3 +256,46 @@ class DockerCluster:
 
     def running(self) -> bool:
         return self.kubeconfig.exists()
+
+    def processes(self) -> list[Any]:
+        return []  # the components are pods in the node containers
+
+    def _fake_gpu(self, node: str, *args: str) -> None:
+        """`gpulab fake-gpu ...` inside the node's device-plugin pod, where the shim's
+        state is (the DaemonSet's /var/lib/fake-gpu)."""
+        from kubernetes.stream import stream
+
+        pods = self.component_pods("gpulab-device-plugin", self._worker(node))
+        if not pods:
+            raise HarnessError(f"no device-plugin pod runs on {node}; fault injection needs it")
+        command = ["gpulab", "fake-gpu", *args, "--node", self._worker(node)]
+        command += ["--state-dir", "/var/lib/fake-gpu"]
+        core = client.CoreV1Api(self.api())
+        stream(
+            core.connect_get_namespaced_pod_exec,
+            pods[0].metadata.name,
+            SYSTEM_NAMESPACE,
+            container="device-plugin",
+            command=command,
+            stderr=True,
+            stdout=True,
+            stdin=False,
+            tty=False,
+        )
+
+    def _worker(self, node: str) -> str:
+        """The kind/k3d node standing for spec node ``node`` (label gpulab.io/spec-node)."""
+        nodes = (
+            client.CoreV1Api(self.api())
+            .list_node(label_selector=f"gpulab.io/spec-node={node}")
+            .items
+        )
+        if not nodes:
+            raise HarnessError(f"no {self.tool} node stands for spec node {node!r}")
+        return str(nodes[0].metadata.name)
+
+    def inject_fault(self, node: str, gpu: int, xid: int) -> None:
+        self._fake_gpu(node, "inject", "--gpu", str(gpu), "--xid", str(xid))
+
+    def clear_faults(self, node: str, gpu: int | None = None) -> None:
+        self._fake_gpu(node, "clear", *(["--gpu", str(gpu)] if gpu is not None else []))

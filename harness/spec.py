@@ -46,6 +46,9 @@ DEFAULT_PORTS = {
 }
 
 MIG_STRATEGIES = ("none", "single", "mixed")
+# Where every backend puts a GPU node's profile on the node (kind: extraMounts; local: the
+# node's rootfs), for the device plugin's init container to render the NVML shim config.
+PROFILE_MOUNT = "/etc/fake-gpu/profile.yaml"
 
 # Shifts every port of every spec: a second checkout on the same machine (with its own
 # $XDG_STATE_HOME) can then run the same specs beside the first.

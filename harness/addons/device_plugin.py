@@ -103,7 +103,12 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
             env=shim_env(node.name, node.profile, root),
         )
     progress(f"started a device plugin and node agent on {len(gpu_nodes)} GPU nodes")
-    apply(cluster.api(), [MANIFESTS / "device-plugin"], progress, cluster.apply_transform())
+    apply(
+        cluster.api(),
+        [MANIFESTS / "device-plugin"],
+        progress,
+        cluster.apply_transform(dry_run_workloads=True),
+    )
     _wait_advertised(cluster, gpu_nodes, progress)
 
 

@@ -50,7 +50,12 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
         ports=[scheduler_port],
     )
     cluster.wait_http(f"https://127.0.0.1:{scheduler_port}/healthz", SCHEDULER_NAME, verify=False)
-    apply(cluster.api(), [MANIFESTS / "hami"], progress, cluster.apply_transform())
+    apply(
+        cluster.api(),
+        [MANIFESTS / "hami"],
+        progress,
+        cluster.apply_transform(dry_run_workloads=True),
+    )
     progress(
         f"hami: extender on 127.0.0.1:{port} (metrics :{metrics_port}), kube-scheduler "
         f"{SCHEDULER_NAME!r} on :{scheduler_port}, webhook registered"

@@ -34,7 +34,7 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
     cluster.issue_serving_cert(CERT_STEM, SERVICE)
     port = free_port()
     start_controller(cluster, port)
-    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform())
+    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform(dry_run_workloads=True))
     progress(f"kueue: controller on 127.0.0.1:{port}, CRDs and Job webhook registered")
 
 

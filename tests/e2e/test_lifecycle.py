@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from gpulab.wait import wait_for
 from harness.errors import HarnessError
 from harness.local import LocalCluster, pid_alive
 from harness.ports import port_in_use
@@ -27,17 +28,20 @@ SPEC = {
 def test_up_then_down_leaves_no_process_and_no_port() -> None:
     local = LocalCluster(parse(SPEC))
     local.up(print)
-    procs = local.processes()
-    assert {p.name for p in procs} == {
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-        "kwok",
-    }
-    assert all(pid_alive(p.pid, p.exe) for p in procs)
-    assert local.running()
-    local.down(print)
+    try:
+        procs = local.processes()
+        assert {p.name for p in procs} == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+            "pod-runner",
+        }
+        assert all(pid_alive(p.pid, p.exe) for p in procs)
+        assert local.running()
+    finally:
+        local.down(print)
     assert not any(pid_alive(p.pid, p.exe) for p in procs)
     assert not any(port_in_use(port) for port in SPEC["ports"].values())
     assert local.processes() == []
@@ -65,10 +69,7 @@ def test_a_component_dying_at_start_up_is_reported_and_cleaned_up() -> None:
     try:
         with pytest.raises(HarnessError, match=r"exited during start-up: .*log: "):
             rec = local.start_process("broken", ["/bin/sh", "-c", "echo boom; exit 3"])
-            import time
-
-            time.sleep(0.5)
-            assert not pid_alive(rec.pid, rec.exe)
+            wait_for(lambda: not pid_alive(rec.pid, rec.exe), 10, "the broken process to exit")
             local.check_alive()
     finally:
         local.down(print)
