@@ -3,9 +3,10 @@ the gang message, enqueue against queue capability, shares by weight, reclaim.""
 
 from __future__ import annotations
 
+from volcano_helpers import gpu_nodes, run
+
 from gpulab.volcano import apis
 from gpulab.volcano.objects import podgroup, queue, task_pod
-from volcano_helpers import gpu_nodes, run
 
 GPU = "nvidia.com/gpu"
 
