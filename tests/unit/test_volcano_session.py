@@ -54,8 +54,11 @@ def test_enqueue_lets_a_job_in_only_within_its_queue_capability() -> None:
     _, cache = run([], [small, big], gpu_nodes(2), [q])
     assert cache.phase("small") == apis.PG_INQUEUE
     assert cache.phase("big") == apis.PG_PENDING
-    assert ("big", apis.PG_UNSCHEDULABLE_TYPE, "queue resource quota insufficient: insufficient "
-            "nvidia.com/gpu") in cache.events
+    assert (
+        "big",
+        apis.PG_UNSCHEDULABLE_TYPE,
+        "queue resource quota insufficient: insufficient nvidia.com/gpu",
+    ) in cache.events
 
 
 def test_a_closed_queue_enqueues_nothing() -> None:
