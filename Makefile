@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
-        demo-cluster demo-device-plugin demo-hami demo-kueue
+        demo-cluster demo-device-plugin demo-hami demo-kueue demo-volcano
 
 setup: venv fake-gpu binaries
 
@@ -58,6 +58,9 @@ demo-device-plugin: setup
 
 demo-kueue: setup
 	@$(GPULAB) demo kueue
+
+demo-volcano: setup
+	@$(GPULAB) demo volcano --spec volcano
 
 down: venv
 	@$(GPULAB) down

@@ -10,6 +10,7 @@ CHAPTERS = {
     "device-plugin": "demos.device_plugin",
     "hami": "demos.hami",
     "kueue": "demos.kueue",
+    "volcano": "demos.volcano",
 }
 
 

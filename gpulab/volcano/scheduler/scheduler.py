@@ -207,12 +207,13 @@ class Scheduler:
         if not news:
             return
         sid = ssn.uid[:8]
-        queues = ", ".join(f"{q.name} (weight {q.weight})" for q in ssn.queues.values())
+        busy = sorted({j.queue for j in ssn.jobs.values()})
+        queues = ", ".join(f"{q} (weight {ssn.queues[q].weight})" for q in busy)
         self.tracer.step(
             "OpenSession",
             None,
-            f"session {sid}: {len(ssn.jobs)} jobs, {len(ssn.nodes)} nodes, queues {queues}; "
-            f"plugins {', '.join(cfg.plugin_names())}",
+            f"session {sid}: {len(ssn.jobs)} jobs in queues {queues or '-'}, {len(ssn.nodes)} "
+            f"nodes; OnSessionOpen of {', '.join(cfg.plugin_names())}",
             session=ssn.uid,
         )
         for action in cfg.actions:

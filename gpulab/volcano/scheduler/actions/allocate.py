@@ -211,8 +211,8 @@ class Allocate:
                 self.ssn.record(
                     NAME,
                     uid,
-                    f"{n} task(s) -> {where}; JobReady, Statement committed, binding "
-                    f"({job.ready_task_num()}/{job.min_available} of the gang ready)",
+                    f"{n} task(s) -> {where}; JobReady ({job.ready_task_num()} ready, "
+                    f"minAvailable {job.min_available}): Statement committed, binding",
                 )
             elif t.pipelined:
                 n = sum(t.pipelined.values())
