@@ -223,7 +223,8 @@ class Scheduler:
             summary = "; ".join(f"{r.job}: {r.message}" for r in mine)
             self.tracer.step(action, None, summary, session=ssn.uid)
             for r in mine:
-                self._event(ssn, r)
+                if not r.quiet:  # a repeat-prone non-decision stays in the log line
+                    self._event(ssn, r)
         self.tracer.step(
             "CloseSession",
             None,
