@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import cluster_start, hami_extender, kueue_admission
+from bench import cluster_start, hami_extender, kueue_admission, volcano_scheduling
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
@@ -43,6 +43,7 @@ BENCHMARKS: dict[
     "cluster_start": (cluster_start.run, cluster_start_section),
     "kueue_admission": (kueue_admission.run, kueue_admission.section),
     "hami_extender": (hami_extender.run, hami_extender.section),
+    "volcano_scheduling": (volcano_scheduling.run, volcano_scheduling.section),
 }
 
 

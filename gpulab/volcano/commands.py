@@ -54,6 +54,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("--kubeconfig", default=None, help="default: in-cluster, else the lab's")
+    c.add_argument(
+        "--worker-threads", type=int, default=3, help="job controller workers (3), one queue each"
+    )
     c.add_argument("--listen-address", default=":8081", help="metrics address (:8081)")
     c.add_argument("--healthz-address", default=":11251", help="health address (:11251)")
     c.add_argument("--enable-healthz", type=_bool, default=False)
@@ -160,7 +163,10 @@ def run_controller_manager(args: argparse.Namespace) -> int:
     api = api_client(args.kubeconfig)
     tracer = Tracer("vc-controller-manager", api)
     registry = CollectorRegistry()
-    controllers = [JobController(api, tracer), QueueController(api, tracer, registry)]
+    controllers = [
+        JobController(api, tracer, args.worker_threads),
+        QueueController(api, tracer, registry),
+    ]
     ready = threading.Event()
     if args.enable_healthz:
         _serve(args.healthz_address, "--healthz-address", [Route("/healthz", healthz(ready))])

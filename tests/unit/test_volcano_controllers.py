@@ -102,6 +102,13 @@ def test_apply_policies(request_: dict, want: tuple[str, float]) -> None:
     assert helpers.apply_policies(j, request_) == want
 
 
+def test_a_job_hashes_to_one_worker_queue_as_gos_fnv32() -> None:
+    # FNV-1 32-bit test vectors (Go's hash/fnv New32)
+    assert helpers.fnv32(b"") == 0x811C9DC5
+    assert helpers.fnv32(b"a") == 0x050C5D7E
+    assert helpers.fnv32(b"foobar") == 0x31F0B262
+
+
 def test_the_job_state_machine() -> None:
     running = {"minAvailable": 2, "tasks": [{"name": "w", "replicas": 3}]}
     j = {"spec": {**running, "maxRetry": 3}}

@@ -45,6 +45,14 @@ def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def fnv32(data: bytes) -> int:
+    """FNV-1 32-bit (Go's ``hash/fnv.New32``): which worker queue a job goes to."""
+    h = 0x811C9DC5
+    for byte in data:
+        h = (h * 0x01000193) & 0xFFFFFFFF ^ byte
+    return h
+
+
 def task_key(pod: Mapping[str, Any]) -> str:
     ann = (pod.get("metadata") or {}).get("annotations") or {}
     return ann.get(apis.TASK_SPEC_KEY) or apis.DEFAULT_TASK_SPEC

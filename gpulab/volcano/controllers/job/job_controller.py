@@ -19,7 +19,9 @@ Mirrors volcano-sh/volcano v1.15.1 ``pkg/controllers/job``:
   deleted), ``recordPodGroupEvent`` (Warning ``PodGroupPending`` while the PodGroup's
   newest condition is not Scheduled).
 
-Lab differences: one worker (upstream: hashed per-job workers); pods are found through
+Workers as upstream's: ``--worker-threads`` (3) queues, a job hashed (FNV-32) to one.
+
+Lab differences: pods are found through
 their controller reference, not a separate job cache; a delayed action (a policy with
 ``timeout``) is re-queued after the delay and not cancelled by later pod changes; no job
 plugins, PVCs, ``ttlSecondsAfterFinished`` or ``runningDuration``. The lab also traces
@@ -68,12 +70,14 @@ def _rv(obj: Mapping[str, Any] | None) -> int:
 
 
 class JobController:
-    def __init__(self, api: client.ApiClient, tracer: Tracer, workers: int = 16) -> None:
+    def __init__(self, api: client.ApiClient, tracer: Tracer, workers: int = 3) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.tracer = tracer
-        self.queue = WorkQueue()
-        self.pool = concurrent.futures.ThreadPoolExecutor(workers, "job-controller")
+        # One queue per worker; a job always hashes to the same one, so its requests are
+        # handled in order, by one worker at a time (upstream's queueList + getWorkerQueue).
+        self.work_queues = [WorkQueue() for _ in range(max(1, workers))]
+        self.pool = concurrent.futures.ThreadPoolExecutor(16, "job-controller-pods")
         self._lock = threading.Lock()
         self._pods: dict[str, dict[str, Obj]] = {}  # job uid -> pod name -> pod
         self._latest: dict[str, Obj] = {}  # job key -> the newest Job we wrote
@@ -110,8 +114,12 @@ class JobController:
 
     # ---------------------------------------------------------------- handlers
 
+    def _queue_of(self, request: Mapping[str, Any]) -> WorkQueue:
+        key = f"{request['namespace']}/{request['job']}".encode()
+        return self.work_queues[helpers.fnv32(key) % len(self.work_queues)]
+
     def _enqueue(self, **request: Any) -> None:
-        self.queue.add(json.dumps(request, sort_keys=True))
+        self._queue_of(request).add(json.dumps(request, sort_keys=True))
 
     def _job_added(self, job: Obj) -> None:
         meta = job["metadata"]
@@ -265,7 +273,8 @@ class JobController:
         if delay:
             self._event(job, apis.EXECUTE_ACTION, f"Execute action {action} after {delay:g}s")
             delayed = {k: v for k, v in request.items() if k != "command"}
-            self.queue.add_after(json.dumps({**delayed, "action": action}, sort_keys=True), delay)
+            delayed["action"] = action
+            self._queue_of(request).add_after(json.dumps(delayed, sort_keys=True), delay)
             return None
         if action != apis.SYNC_JOB:
             self._event(job, apis.EXECUTE_ACTION, f"Start to execute action {action} ")
@@ -570,11 +579,14 @@ class JobController:
     def run(self, stop: threading.Event) -> None:
         for informer in self._informers:
             informer.start()
-        threading.Thread(
-            target=run_worker, args=(self.queue, self.reconcile, "job-controller"), daemon=True
-        ).start()
+        for i, queue in enumerate(self.work_queues):
+            name = f"job-controller-{i}"
+            threading.Thread(
+                target=run_worker, args=(queue, self.reconcile, name), name=name, daemon=True
+            ).start()
         stop.wait()
-        self.queue.shutdown()
+        for queue in self.work_queues:
+            queue.shutdown()
         for informer in self._informers:
             informer.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -175,8 +175,13 @@ class Allocate:
     def prioritize_nodes(self, task: TaskInfo, fit: list[NodeInfo]) -> NodeInfo | None:
         """Nodes where the task fits Idle first; only if none, those where it fits
         FutureIdle (resources being released)."""
-        idle = [n for n in fit if task.init_resreq.less_equal(n.idle)]
-        future = [n for n in fit if n not in idle and task.init_resreq.less_equal(n.future_idle())]
+        idle: list[NodeInfo] = []
+        future: list[NodeInfo] = []
+        for n in fit:
+            if task.init_resreq.less_equal(n.idle):
+                idle.append(n)
+            elif task.init_resreq.less_equal(n.future_idle()):
+                future.append(n)
         for group in (idle, future):
             if len(group) == 1:
                 return group[0]

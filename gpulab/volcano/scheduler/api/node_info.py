@@ -32,7 +32,7 @@ def node_ready(node: Obj) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-@dataclass
+@dataclass(eq=False)  # one object per node per session, compared by identity
 class NodeInfo:
     name: str
     node: Obj

@@ -22,7 +22,7 @@ Pure: the cache (interface.Cache) is the only outside world a session touches, a
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,9 @@ class Session:
     event_handlers: list[EventHandler] = field(default_factory=list)
     fns: dict[str, dict[str, Any]] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
+    _walks: dict[tuple[str, str | None], list[tuple[int, PluginOption, Any]]] = field(
+        default_factory=dict, repr=False
+    )
 
     def __post_init__(self) -> None:
         for n in self.nodes.values():
@@ -104,6 +107,7 @@ class Session:
 
     def _add(self, kind: str, plugin: str, fn: Any) -> None:
         self.fns.setdefault(kind, {})[plugin] = fn
+        self._walks.clear()
 
     def add_job_order_fn(self, plugin: str, fn: CompareFn) -> None:
         self._add("jobOrder", plugin, fn)
@@ -171,14 +175,20 @@ class Session:
 
     # ---------------------------------------------------------------- tier walks
 
-    def _each(self, kind: str, switch: str | None) -> Iterable[tuple[int, PluginOption, Any]]:
-        """(tier index, plugin option, function) in tier order, switch permitting."""
-        registered = self.fns.get(kind, {})
-        for i, tier in enumerate(self.tiers):
-            for option in tier.plugins:
-                fn = registered.get(option.name)
-                if fn is not None and (switch is None or option.enabled(switch)):
-                    yield i, option, fn
+    def _each(self, kind: str, switch: str | None) -> list[tuple[int, PluginOption, Any]]:
+        """(tier index, plugin option, function) in tier order, switch permitting;
+        worked out once per session (the registrations end with OnSessionOpen)."""
+        walk = self._walks.get((kind, switch))
+        if walk is None:
+            registered = self.fns.get(kind, {})
+            walk = [
+                (i, option, registered[option.name])
+                for i, tier in enumerate(self.tiers)
+                for option in tier.plugins
+                if option.name in registered and (switch is None or option.enabled(switch))
+            ]
+            self._walks[(kind, switch)] = walk
+        return walk
 
     def _tiers(self, kind: str, switch: str | None) -> list[list[Any]]:
         by_tier: list[list[Any]] = [[] for _ in self.tiers]
