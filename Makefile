@@ -11,7 +11,8 @@ BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
-        demo-cluster demo-device-plugin demo-hami demo-kueue demo-volcano
+        demo-cluster demo-device-plugin demo-hami demo-kueue \
+        demo-coscheduling demo-numa demo-volcano
 
 setup: venv fake-gpu binaries
 
@@ -59,8 +60,14 @@ demo-device-plugin: setup
 demo-kueue: setup
 	@$(GPULAB) demo kueue
 
+demo-coscheduling: setup
+	@$(GPULAB) demo coscheduling --backend local --spec scheduling
+
+demo-numa: setup
+	@$(GPULAB) demo numa --backend local --spec scheduling
+
 demo-volcano: setup
-	@$(GPULAB) demo volcano --spec volcano
+	@$(GPULAB) demo volcano --backend local --spec volcano
 
 down: venv
 	@$(GPULAB) down

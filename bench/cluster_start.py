@@ -18,11 +18,11 @@ from harness.spec import parse
 SPEC = {
     "name": "gpulab-bench",
     "ports": {
-        "apiserver": 48443,
-        "etcd": 48379,
-        "etcdPeer": 48380,
-        "controllerManager": 48257,
-        "scheduler": 48259,
+        "apiserver": 26443,
+        "etcd": 26379,
+        "etcdPeer": 26380,
+        "controllerManager": 26257,
+        "scheduler": 26259,
     },
     "nodes": [
         {"name": "a100", "count": 2, "profile": "a100-sxm4-40gb-x8"},

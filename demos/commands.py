@@ -10,6 +10,8 @@ CHAPTERS = {
     "device-plugin": "demos.device_plugin",
     "hami": "demos.hami",
     "kueue": "demos.kueue",
+    "coscheduling": "demos.coscheduling",
+    "numa": "demos.numa",
     "volcano": "demos.volcano",
 }
 

@@ -10,6 +10,9 @@ every binary is compiled from its Go module:
   kubernetes' own go.mod, so it is always the right one for the pinned version.
 - etcd: ``go.etcd.io/etcd/server/v3`` likewise replaces its sibling modules by path.
 - kwok: no replace directives, but built the same way for one code path.
+- scheduler-plugins (a test peer, built on first use by the scheduling chapter's e2e
+  test, not by ``make binaries``): its go.mod pins every k8s.io module with
+  ``mod => mod vX`` replaces, which the wrapper copies as they are.
 
 Binaries land in ``<cache>/bin/<component>-<version>/`` with a ``manifest.json`` of
 sha256 sums, so a corrupt or truncated binary is detected before it is started.
@@ -17,6 +20,7 @@ sha256 sums, so a corrupt or truncated binary is detected before it is started.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -37,6 +41,7 @@ from harness.errors import HarnessError
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
+SCHEDULER_PLUGINS_VERSION = "v0.35.4-devel"
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,12 @@ KWOK = Component(
     ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION.lstrip('v')}",),
 )
 COMPONENTS = (ETCD, KUBERNETES, KWOK)
+SCHEDULER_PLUGINS = Component(
+    name="scheduler-plugins",
+    module="sigs.k8s.io/scheduler-plugins",
+    version=SCHEDULER_PLUGINS_VERSION,
+    commands={"scheduler-plugins-kube-scheduler": "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
+)
 
 Progress = Callable[[str], None]
 
@@ -117,7 +128,11 @@ def binary(name: str) -> Path:
 
 
 def verify(comp: Component) -> list[str]:
-    """Problems with a component's cached binaries; empty when all are present and intact."""
+    """Problems with a component's cached binaries; empty when all are present and intact.
+
+    Hashing the binaries takes most of a second; a file whose size and modification time
+    are those recorded at its last full check is not hashed again.
+    """
     manifest_path = comp.bin_dir / "manifest.json"
     if not manifest_path.exists():
         return [f"{comp.name} {comp.version} is not built yet"]
@@ -125,13 +140,28 @@ def verify(comp: Component) -> list[str]:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
         return [f"{manifest_path} is unreadable"]
+    checked_path = comp.bin_dir / "checked.json"
+    try:
+        checked = json.loads(checked_path.read_text())
+    except (OSError, ValueError):
+        checked = {}
     problems = []
     for name in comp.commands:
         path = comp.binary(name)
         if not path.exists():
             problems.append(f"{path} is missing")
-        elif manifest.get(name) != _sha256(path):
+            continue
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns, manifest.get(name)]
+        if checked.get(name) == stamp:
+            continue
+        if manifest.get(name) != _sha256(path):
             problems.append(f"cached binary {path} is corrupt (checksum mismatch)")
+        else:
+            checked[name] = stamp
+    if not problems:
+        with contextlib.suppress(OSError):
+            checked_path.write_text(json.dumps(checked))
     return problems
 
 
@@ -155,6 +185,13 @@ def build_all(progress: Progress, force: bool = False) -> None:
         if problems and "not built yet" not in problems[0]:
             progress(f"{comp.name} {comp.version}: {problems[0]}; rebuilding")
         build(comp, go, progress)
+
+
+def peer_binary(comp: Component, name: str, progress: Progress) -> Path:
+    """A test peer's binary, built (once, then cached) the first time it is asked for."""
+    if verify(comp):
+        build(comp, find_go(), progress)
+    return comp.binary(name)
 
 
 def find_go() -> str:
@@ -240,10 +277,11 @@ def _write_wrapper(comp: Component, go: str, work: Path, env: dict[str, str]) ->
         f"require {comp.module} {comp.version}",
         "",
     ]
-    replaces = _path_replaces(gomod, comp)
+    replaces = [(mod, mod, ver) for mod, ver in _path_replaces(gomod, comp)]
+    replaces += _version_replaces(gomod)
     if replaces:
         lines.append("replace (")
-        lines += [f"\t{mod} => {mod} {ver}" for mod, ver in replaces]
+        lines += [f"\t{mod} => {target} {ver}" for mod, target, ver in replaces]
         lines.append(")")
     (work / "go.mod").write_text("\n".join(lines) + "\n")
 
@@ -260,6 +298,12 @@ def _path_replaces(gomod: str, comp: Component) -> list[tuple[str, str]]:
             continue
         out.append((mod, staged_version))
     return out
+
+
+def _version_replaces(gomod: str) -> list[tuple[str, str, str]]:
+    """``mod => other vX.Y.Z`` replaces, kept as they are."""
+    pattern = r"^\s*(?:replace\s+)?(\S+)\s+=>\s+([^.\s]\S*)\s+(v\S+)\s*$"
+    return [(m, t, v) for m, t, v in re.findall(pattern, gomod, re.M)]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> str:

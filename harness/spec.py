@@ -4,7 +4,7 @@ A spec is a small YAML file (``harness/clusters/*.yaml`` ships a few)::
 
     name: gpulab                 # cluster name: state dir, kubeconfig context
     ports:                       # all on 127.0.0.1; each must be free
-      apiserver: 36443
+      apiserver: 21443
     nodes:
       - name: gpu-a100           # one node ...
         profile: a100-sxm4-40gb-x8
@@ -31,21 +31,26 @@ from typing import Any
 
 import yaml
 
+from gpulab.deviceplugin.config import MIG_STRATEGIES
 from gpulab.fakegpu import profiles
 from harness.addons import ADDONS
 from harness.errors import HarnessError
 
 SPEC_DIR = Path(__file__).resolve().parent / "clusters"
 
+# Every spec's ports lie below 32768, out of Linux's ephemeral range (32768-60999), where
+# a client connection of any process could hold one for a moment. Each spec takes its own
+# block of 1,000 (tests/unit/test_harness_spec.py checks the shipped specs): 21xxx default,
+# 22xxx e2e, 23xxx hami, 24xxx hami-e2e, 25xxx lifecycle test, 26xxx start bench,
+# 27xxx device-plugin-e2e, ...
 DEFAULT_PORTS = {
-    "apiserver": 36443,
-    "etcd": 32379,
-    "etcdPeer": 32380,
-    "controllerManager": 30257,
-    "scheduler": 30259,
+    "apiserver": 21443,
+    "etcd": 21379,
+    "etcdPeer": 21380,
+    "controllerManager": 21257,
+    "scheduler": 21259,
 }
 
-MIG_STRATEGIES = ("none", "single", "mixed")
 # Where every backend puts a GPU node's profile on the node (kind: extraMounts; local: the
 # node's rootfs), for the device plugin's init container to render the NVML shim config.
 PROFILE_MOUNT = "/etc/fake-gpu/profile.yaml"

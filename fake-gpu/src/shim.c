@@ -1,6 +1,8 @@
 /* fake-gpu: a libnvidia-ml.so.1 (NVIDIA Management Library) that serves the GPUs of a
  * gpulab profile. Exports the NVML entry points device plugins, GPU feature discovery and
- * MIG managers call; see fake-gpu/README.md for the environment and file formats. */
+ * MIG managers call; see fake-gpu/README.md for the environment and file formats.
+ * Semantics (events, MIG instances, struct layouts) follow nvml.h as NVIDIA/go-nvml
+ * v0.13.3 ships it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <libgen.h>
@@ -21,7 +23,6 @@
 
 #define POLL_INTERVAL_MS 50
 #define EVENT_QUEUE_CAP 128
-#define MAX_ACTIVE_FAULTS 32
 #define NO_INSTANCE 0xFFFFFFFFu
 
 /* One entry per physical GPU and per MIG slot; a handle is a pointer into g_dev, so
@@ -50,6 +51,10 @@ static int g_logged;
 static struct fg_config g_cfg;
 static char g_log_path[PATH_MAX + 32];
 static struct fg_device g_dev[FG_MAX_GPUS * (1 + FG_MAX_MIG)];
+/* Compute instances: one per MIG device (each GPU instance holds one full-size CI). */
+static struct fg_device g_ci[FG_MAX_GPUS * FG_MAX_MIG];
+/* NVLink wiring: the peer GPU behind each link of each GPU, -1 for an inactive link. */
+static int g_link_peer[FG_MAX_GPUS][NVML_NVLINK_MAX_LINKS];
 static struct fg_event_set *g_sets;
 
 /* ---------------------------------------------------------------- init */
@@ -67,6 +72,39 @@ static void log_once(const char *fmt, const char *a, const char *b)
 static struct fg_device *mig_slot(unsigned int gpu, unsigned int mig)
 {
     return &g_dev[FG_MAX_GPUS + gpu * FG_MAX_MIG + mig];
+}
+
+static int is_peer(const struct fg_gpu *g, unsigned int other)
+{
+    for (unsigned int p = 0; p < g->npeers; p++)
+        if (g->peers[p] == other)
+            return 1;
+    return 0;
+}
+
+/* Wire each GPU's links to its NVLink peers so that both ends of a pair count the same
+ * number of links (go-gpuallocator scores a pair from either side): every pair of peers
+ * gets min(links/peers) of its two GPUs, consecutive links per peer, the rest inactive.
+ * An 8-GPU all-to-all board with 12 links per GPU thus has one link per pair. */
+static void wire_nvlinks(void)
+{
+    for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
+        const struct fg_gpu *g = &g_cfg.gpus[i];
+        unsigned int link = 0;
+        for (unsigned int l = 0; l < NVML_NVLINK_MAX_LINKS; l++)
+            g_link_peer[i][l] = -1;
+        for (unsigned int p = 0; p < g->npeers; p++) {
+            unsigned int j = g->peers[p];
+            if (j >= g_cfg.gpu_count || !is_peer(&g_cfg.gpus[j], i))
+                continue;
+            const struct fg_gpu *o = &g_cfg.gpus[j];
+            unsigned int mine = g->nvlinks / g->npeers, theirs = o->nvlinks / o->npeers;
+            unsigned int n = mine < theirs ? mine : theirs;
+            for (unsigned int k = 0; k < n && link < g->nvlinks && link < NVML_NVLINK_MAX_LINKS;
+                 k++)
+                g_link_peer[i][link++] = (int)j;
+        }
+    }
 }
 
 static nvmlReturn_t load_config(void)
@@ -97,11 +135,15 @@ static nvmlReturn_t load_config(void)
         snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", dirname(copy));
     }
     memset(g_dev, 0, sizeof g_dev);
+    memset(g_ci, 0, sizeof g_ci);
     for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
         g_dev[i] = (struct fg_device){1, i, -1};
-        for (unsigned int j = 0; j < g_cfg.gpus[i].mig_count; j++)
+        for (unsigned int j = 0; j < g_cfg.gpus[i].mig_count; j++) {
             *mig_slot(i, j) = (struct fg_device){1, i, (int)j};
+            g_ci[i * FG_MAX_MIG + j] = (struct fg_device){1, i, (int)j};
+        }
     }
+    wire_nvlinks();
     return NVML_SUCCESS;
 }
 
@@ -508,14 +550,6 @@ NVML_API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1,
     return NVML_SUCCESS;
 }
 
-static int nvlink_peers(const struct fg_gpu *g, unsigned int other)
-{
-    for (unsigned int p = 0; p < g->npeers; p++)
-        if (g->peers[p] == other)
-            return 1;
-    return 0;
-}
-
 NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
                                               unsigned int p2pIndex, unsigned int *p2pStatus)
 {
@@ -526,7 +560,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t 
         return rc;
     if (p2pIndex > NVML_P2P_CAPS_INDEX_PROP)
         return NVML_ERROR_INVALID_ARGUMENT;
-    int linked = nvlink_peers(gpu_of(a), b->gpu);
+    int linked = is_peer(gpu_of(a), b->gpu);
     int same_node = gpu_of(a)->numa_node == gpu_of(b)->numa_node;
     if (p2pIndex == NVML_P2P_CAPS_INDEX_NVLINK)
         *p2pStatus = linked ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
@@ -537,8 +571,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t 
     return NVML_SUCCESS;
 }
 
-/* Links are spread round-robin over the profile's NVLink peers, so an 8-GPU NVSwitch
- * board with 12 links per A100 reports every link active and every peer reachable. */
+/* Links are wired to peers by wire_nvlinks(): a link with no peer is inactive. */
 static nvmlReturn_t nvlink_check(const struct fg_device *d, unsigned int link)
 {
     const struct fg_gpu *g = gpu_of(d);
@@ -556,7 +589,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int
     nvmlReturn_t rc = nvlink_check(d, link);
     if (rc != NVML_SUCCESS)
         return rc;
-    *isActive = gpu_of(d)->npeers > 0;
+    *isActive = g_link_peer[d->gpu][link] >= 0;
     return NVML_SUCCESS;
 }
 
@@ -567,10 +600,10 @@ NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, u
     nvmlReturn_t rc = nvlink_check(d, link);
     if (rc != NVML_SUCCESS)
         return rc;
-    const struct fg_gpu *g = gpu_of(d);
-    if (g->npeers == 0)
+    int peer = g_link_peer[d->gpu][link];
+    if (peer < 0)
         return NVML_ERROR_NOT_SUPPORTED; /* link not trained */
-    fill_pci(&g_cfg.gpus[g->peers[link % g->npeers]], pci, 0);
+    fill_pci(&g_cfg.gpus[peer], pci, 0);
     return NVML_SUCCESS;
 }
 
@@ -749,6 +782,160 @@ NVML_API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
     return NVML_SUCCESS;
 }
 
+/* Compute instances. Each GPU instance of a profile holds one compute instance of its
+ * full size (CI ID 0), as `nvidia-smi mig -cgi ... -C` creates them; go-nvlib's MIG
+ * profile lookup walks GPU instance -> compute instance -> CI profiles to name it. */
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_* by compute slices (0: no such profile) */
+static unsigned int ci_profile_slices(unsigned int profile)
+{
+    static const unsigned int slices[NVML_COMPUTE_INSTANCE_PROFILE_COUNT] = {1, 2, 3, 4, 7,
+                                                                             8, 6, 0, 0};
+    return profile < NVML_COMPUTE_INSTANCE_PROFILE_COUNT ? slices[profile] : 0;
+}
+
+static unsigned int ci_profile_of_slices(unsigned int slices)
+{
+    for (unsigned int p = 0; p < NVML_COMPUTE_INSTANCE_PROFILE_COUNT; p++)
+        if (ci_profile_slices(p) == slices)
+            return p;
+    return 0;
+}
+
+/* The GPU instance a GI handle stands for (a MIG slot of g_dev). */
+static nvmlReturn_t lookup_gi(nvmlGpuInstance_t gi, struct fg_device **out)
+{
+    nvmlReturn_t rc = lookup(gi, out);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return (*out)->mig < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+static nvmlReturn_t lookup_ci(nvmlComputeInstance_t ci, struct fg_device **out)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    uintptr_t p = (uintptr_t)ci, base = (uintptr_t)g_ci;
+    if (p < base || p >= base + sizeof g_ci || (p - base) % sizeof(struct fg_device) ||
+        !ci->present)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = ci;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance,
+                                                            unsigned int id,
+                                                            nvmlComputeInstance_t *computeInstance)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!computeInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (id != mig_of(d)->ci_id)
+        return NVML_ERROR_NOT_FOUND;
+    *computeInstance = &g_ci[d->gpu * FG_MAX_MIG + (unsigned int)d->mig];
+    return NVML_SUCCESS;
+}
+
+static void fill_ci_info(const struct fg_device *d, nvmlComputeInstanceInfo_t *info)
+{
+    const struct fg_gi_profile *p = mig_profile(d);
+    info->device = &g_dev[d->gpu];
+    info->gpuInstance = mig_slot(d->gpu, (unsigned int)d->mig);
+    info->id = mig_of(d)->ci_id;
+    info->profileId = ci_profile_of_slices(p->slices);
+    info->placement.start = 0;
+    info->placement.size = p->slices;
+}
+
+NVML_API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                                    nvmlComputeInstanceInfo_t *info)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_ci(computeInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fill_ci_info(d, info);
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
+                                                 nvmlComputeInstanceInfo_t *info)
+{
+    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
+}
+
+/* CI profile `profile` inside the GPU instance: supported when it fits in the GI's slices
+ * (a 3g GI offers 1c x3, 2c x1, 3c x1); engines are shared by the GI's CIs. */
+static nvmlReturn_t ci_profile(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+                               unsigned int engProfile, nvmlComputeInstanceProfileInfo_t *out)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ||
+        engProfile >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fg_gi_profile *gi = mig_profile(d);
+    unsigned int slices = ci_profile_slices(profile);
+    if (!slices || slices > gi->slices || profile == NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE ||
+        profile == NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE)
+        return NVML_ERROR_NOT_SUPPORTED; /* 6- and 8-slice CIs are Blackwell's */
+    out->id = profile;
+    out->sliceCount = slices;
+    out->instanceCount = gi->slices / slices;
+    out->multiprocessorCount = gi->sms / gi->slices * slices;
+    out->sharedCopyEngineCount = gi->slices;
+    out->sharedDecoderCount = gi->slices / 2;
+    out->sharedEncoderCount = 0;
+    out->sharedJpegCount = gi->slices == 7 ? 1 : 0;
+    out->sharedOfaCount = gi->slices == 7 ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
+    nvmlComputeInstanceProfileInfo_t *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return ci_profile(gpuInstance, profile, engProfile, info);
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+    nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
+    nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlComputeInstanceProfileInfo_v2 &&
+        info->version != nvmlComputeInstanceProfileInfo_v3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlComputeInstanceProfileInfo_t v1;
+    nvmlReturn_t rc = ci_profile(gpuInstance, profile, engProfile, &v1);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    info->id = v1.id;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->sharedCopyEngineCount = v1.sharedCopyEngineCount;
+    info->sharedDecoderCount = v1.sharedDecoderCount;
+    info->sharedEncoderCount = v1.sharedEncoderCount;
+    info->sharedJpegCount = v1.sharedJpegCount;
+    info->sharedOfaCount = v1.sharedOfaCount;
+    snprintf(info->name, sizeof info->name, "MIG %uc.%ug", v1.sliceCount,
+             mig_profile(gpuInstance)->slices);
+    if (info->version == nvmlComputeInstanceProfileInfo_v3)
+        ((nvmlComputeInstanceProfileInfo_v3_t *)info)->capabilities = 0;
+    return NVML_SUCCESS;
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
                                                  nvmlDeviceAttributes_t *attributes)
 {
@@ -896,14 +1083,14 @@ static void enqueue(struct fg_event_set *set, unsigned int gpu, unsigned long lo
 {
     if (set->count == EVENT_QUEUE_CAP)
         return; /* a consumer that never waits loses the newest events, not memory */
-    int mig = g_cfg.gpus[gpu].mig_mode;
     nvmlEventData_t *e = &set->queue[(set->head + set->count++) % EVENT_QUEUE_CAP];
     e->device = &g_dev[gpu];
     e->eventType = type;
     e->eventData = data;
-    /* GPU-wide faults on a MIG-enabled GPU name no instance, like real Xid events */
-    e->gpuInstanceId = mig ? NO_INSTANCE : 0;
-    e->computeInstanceId = mig ? NO_INSTANCE : 0;
+    /* Injected faults are GPU-wide: nvml.h sets both IDs to 0xFFFFFFFF unless an Xid is
+     * attributable to a MIG instance, and always on a GPU without MIG. */
+    e->gpuInstanceId = NO_INSTANCE;
+    e->computeInstanceId = NO_INSTANCE;
 }
 
 NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
@@ -916,8 +1103,7 @@ NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
     if (!s)
         return NVML_ERROR_MEMORY;
     pthread_mutex_lock(&g_lock);
-    /* only faults injected from now on are news; older active ones are replayed on
-     * registration */
+    /* only faults injected from now on are news */
     s->offset = fg_log_size(g_log_path);
     s->next = g_sets;
     g_sets = s;
@@ -944,24 +1130,13 @@ NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
     return rc;
 }
 
-struct active_faults {
-    int gpu;
-    unsigned int count;
-    unsigned long long type[MAX_ACTIVE_FAULTS], data[MAX_ACTIVE_FAULTS];
-};
+/* Forward declaration: registration first hands the set what its earlier registrations
+ * are owed, so a newly registered device only sees faults from now on. */
+static void deliver_new(const struct fg_fault_line *l, void *ctx);
 
-static void collect_active(const struct fg_fault_line *l, void *ctx)
-{
-    struct active_faults *a = ctx;
-    if (l->is_clear) {
-        if (l->gpu < 0 || l->gpu == a->gpu)
-            a->count = 0;
-    } else if (l->gpu == a->gpu && a->count < MAX_ACTIVE_FAULTS) {
-        a->type[a->count] = l->event_type;
-        a->data[a->count++] = l->event_data;
-    }
-}
-
+/* As nvml.h says: "All events that occurred before this call are not recorded." A fault
+ * injected before a consumer registered is never replayed to it, so a restarted device
+ * plugin sees every GPU healthy until the next fault. */
 NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
                                                 nvmlEventSet_t set)
 {
@@ -979,16 +1154,8 @@ NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned lon
         pthread_mutex_unlock(&g_lock);
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    unsigned long long added = mask & ~set->mask[d->gpu];
+    fg_log_read(g_log_path, &set->offset, -1, deliver_new, set);
     set->mask[d->gpu] |= mask;
-    /* A fault injected before this consumer started is still the device's state: replay
-     * the uncleared ones so a restarted device plugin sees the GPU as it is. */
-    struct active_faults active = {.gpu = (int)d->gpu};
-    long upto = 0;
-    fg_log_read(g_log_path, &upto, set->offset, collect_active, &active);
-    for (unsigned int k = 0; k < active.count; k++)
-        if (active.type[k] & added)
-            enqueue(set, d->gpu, active.type[k], active.data[k]);
     pthread_mutex_unlock(&g_lock);
     return NVML_SUCCESS;
 }

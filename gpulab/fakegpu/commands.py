@@ -53,9 +53,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def cmd_render(args: argparse.Namespace) -> int:
     profile = load(args.profile)
     ndir = paths.node_dir(paths.state_root(args.state_dir), args.node)
-    out = Path(args.output) if args.output else ndir / paths.CONFIG_NAME
-    render.write(profile, args.node, out, state_dir=ndir)
-    print(out)
+    out = Path(args.output) if args.output else None
+    print(render.write_node(profile, args.node, ndir, out))
     return 0
 
 

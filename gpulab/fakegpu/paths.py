@@ -1,7 +1,8 @@
 """Where the NVML shim and each simulated node's fake-gpu state live.
 
 Every simulated node owns one directory, ``<state root>/<node>/``, holding ``config``
-(the rendered profile the shim reads, see :mod:`gpulab.fakegpu.render`) and
+(the rendered profile the shim reads, see :mod:`gpulab.fakegpu.render`), ``mig-minors``
+(the driver's ``/proc/driver/nvidia-caps/mig-minors``, read by the device plugin) and
 ``faults.log`` (injected faults, see :mod:`gpulab.fakegpu.faults`). Several nodes on one
 machine therefore never share fault state.
 """
@@ -25,6 +26,7 @@ ENV_STATE_ROOT = "GPULAB_FAKE_GPU_STATE"  # overrides DEFAULT_STATE_ROOT for the
 DEFAULT_STATE_ROOT = cluster_dir(DEFAULT_CLUSTER) / "fake-gpu"
 CONFIG_NAME = "config"
 FAULT_LOG_NAME = "faults.log"
+MIG_MINORS_NAME = "mig-minors"  # the node's /proc/driver/nvidia-caps/mig-minors
 
 # A Kubernetes node name (DNS-1123 subdomain): also safe as a directory name.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")

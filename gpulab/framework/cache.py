@@ -1,12 +1,13 @@
 """The scheduler cache: nodes and the pods holding them, plus pods it assumed.
 
 Mirrors kubernetes v1.36.3 ``pkg/scheduler/backend/cache/cache.go`` (``AssumePod`` when
-a pod passes Reserve - its resources count before the Binding exists; ``FinishBinding``;
-``ForgetPod`` when the attempt fails after all; ``AddPod`` from the informer confirms an
-assumed pod; ``UpdateSnapshot`` at the start of each scheduling cycle).
+a pod passes Reserve - its resources count before the Binding exists; ``ForgetPod`` when
+the attempt fails after all; ``AddPod`` from the informer confirms an assumed pod;
+``UpdateSnapshot`` at the start of each scheduling cycle).
 
 Lab differences: assumed pods never expire (upstream's default TTL is 0 as well, i.e.
-never, once binding finished); the snapshot is rebuilt in full each cycle.
+never, so ``FinishBinding`` has nothing to do here and is left out); the snapshot is
+rebuilt in full each cycle.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from gpulab.framework.snapshot import (
     Snapshot,
     holds_node,
     new_snapshot,
-    node_name_of,
     pod_uid,
 )
 
@@ -32,7 +32,6 @@ Obj = Mapping[str, Any]
 class _PodState:
     info: PodInfo
     assumed: bool = False
-    binding_finished: bool = False
 
 
 class Cache:
@@ -50,12 +49,6 @@ class Cache:
             if uid in self._pods:
                 raise ValueError(f"pod {uid} is in the cache, so can't be assumed")
             self._pods[uid] = _PodState(PodInfo.of(pod), assumed=True)
-
-    def FinishBinding(self, pod: Obj) -> None:
-        with self._lock:
-            state = self._pods.get(pod_uid(pod))
-            if state is not None and state.assumed:
-                state.binding_finished = True
 
     def ForgetPod(self, pod: Obj) -> None:
         """Undo AssumePod: the attempt failed, the node's resources are free again."""
@@ -103,11 +96,3 @@ class Cache:
     def UpdateSnapshot(self) -> Snapshot:
         with self._lock:
             return new_snapshot(list(self._nodes.values()), [s.info for s in self._pods.values()])
-
-    def pods_on(self, node: str) -> list[Obj]:
-        with self._lock:
-            return [s.info.pod for s in self._pods.values() if node_name_of(s.info.pod) == node]
-
-    def node_count(self) -> int:
-        with self._lock:
-            return len(self._nodes)

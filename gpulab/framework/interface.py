@@ -127,10 +127,6 @@ class CycleState:
         with self._lock:
             self._data[key] = value
 
-    def delete(self, key: str) -> None:
-        with self._lock:
-            self._data.pop(key, None)
-
 
 PODS_TO_ACTIVATE_KEY = "kubernetes.io/pods-to-activate"
 
@@ -151,8 +147,8 @@ class QueuedPodInfo:
     """A pod in the scheduling queue with its attempt bookkeeping (framework.QueuedPodInfo)."""
 
     pod_info: PodInfo
-    timestamp: float  # when it was added (back) to the queue
-    initial_attempt_timestamp: float | None = None
+    timestamp: float  # when it was added (back) to the queue (the queue's clock)
+    initial_attempt_timestamp: float | None = None  # first Pop, wall-clock seconds
     attempts: int = 0
     unschedulable_count: int = 0
     consecutive_errors_count: int = 0
@@ -273,8 +269,6 @@ class ClusterEvent:
 
 EVENT_ASSIGNED_POD_ADD = ClusterEvent(ASSIGNED_POD, ActionType.ADD, "AssignedPodAdd")
 EVENT_ASSIGNED_POD_DELETE = ClusterEvent(ASSIGNED_POD, ActionType.DELETE, "AssignedPodDelete")
-EVENT_UNSCHEDULABLE_TIMEOUT = ClusterEvent(WILDCARD, ActionType.ALL, "UnschedulableTimeout")
-EVENT_FORCE_ACTIVATE = ClusterEvent(WILDCARD, ActionType.ALL, "ForceActivate")
 
 
 def node_update_events(old: Obj, new: Obj) -> list[ClusterEvent]:

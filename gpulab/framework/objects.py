@@ -114,17 +114,6 @@ def make_node(
     }
 
 
-def required_affinity(*terms: Sequence[Mapping[str, Any]]) -> Obj:
-    """spec.affinity with required node affinity: one term per list of expressions."""
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": list(t)} for t in terms]
-            }
-        }
-    }
-
-
 def preferred_affinity(*weighted: tuple[int, Sequence[Mapping[str, Any]]]) -> Obj:
     return {
         "nodeAffinity": {

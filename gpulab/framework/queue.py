@@ -190,7 +190,7 @@ class SchedulingQueue:
             self._cycle += 1
             best.attempts += 1
             if best.initial_attempt_timestamp is None:
-                best.initial_attempt_timestamp = self._clock()
+                best.initial_attempt_timestamp = time.time()  # wall clock, as plugins compare
             best.backoff_expiration = None
             return best
 

@@ -7,7 +7,7 @@ largest init container - restartable (sidecar) init containers count as running 
 everything after them - pod-level requests for cpu/memory, plus ``spec.overhead``).
 
 Pure functions over pod/node JSON dicts as the API server serves them (quantities parsed
-and printed with the helpers of gpulab.kueue.api). The Volcano
+with gpulab.kueue.api's helper). The Volcano
 chapter reuses them (its predicates and proportion plugins do the same arithmetic).
 
 Lab differences: requests come from ``spec`` only (upstream reads the resized
@@ -18,12 +18,12 @@ not counted.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpulab.kueue.api import format_quantity, quantity
+from gpulab.kueue.api import quantity
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -227,7 +227,32 @@ def pod_non_zero_request(pod: Obj) -> Resource:
     )
 
 
-def format_resources(resources: Mapping[str, Decimal] | Iterable[tuple[str, Decimal]]) -> str:
-    """``cpu=2 memory=8Gi nvidia.com/gpu=4`` for traces and tables."""
-    items = resources.items() if isinstance(resources, Mapping) else resources
-    return " ".join(f"{name}={format_quantity(q)}" for name, q in sorted(items))
+GUARANTEED, BURSTABLE, BEST_EFFORT = "Guaranteed", "Burstable", "BestEffort"
+
+
+def pod_qos(pod: Obj) -> str:
+    """v1qos.GetPodQOS: ``status.qosClass`` as the API server set it, else computed from
+    the containers' cpu/memory requests and limits (ComputePodQOS)."""
+    given = (pod.get("status") or {}).get("qosClass")
+    if given:
+        return str(given)
+    spec = pod.get("spec") or {}
+    requests: ResourceList = {}
+    limits: ResourceList = {}
+    guaranteed = True
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = c.get("resources") or {}
+        for target, key in ((requests, "requests"), (limits, "limits")):
+            for name, raw in (res.get(key) or {}).items():
+                q = quantity(raw)
+                if name in (CPU, MEMORY) and q > 0:
+                    target[name] = target.get(name, Decimal(0)) + q
+        found = {n for n, v in (res.get("limits") or {}).items() if quantity(v) > 0}
+        if not {CPU, MEMORY} <= found:
+            guaranteed = False
+    if not requests and not limits:
+        return BEST_EFFORT
+    same = all(limits.get(n) == q for n, q in requests.items())
+    if guaranteed and same and len(requests) == len(limits):
+        return GUARANTEED
+    return BURSTABLE

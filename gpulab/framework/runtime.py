@@ -49,7 +49,7 @@ from gpulab.framework.interface import (
     unresolvable,
 )
 from gpulab.framework.snapshot import NodeInfo, Snapshot, pod_key, pod_uid
-from gpulab.informer import Resource, Store
+from gpulab.informer import Handlers, Resource, Store
 from gpulab.trace import ObjectRef, Tracer
 
 Obj = Mapping[str, Any]
@@ -64,8 +64,9 @@ class Binder(Protocol):
 class Informers(Protocol):
     """The cluster's objects as the scheduler's informers hold them."""
 
-    def store(self, resource: Resource) -> Store:
-        """The store of ``resource``, watched from now on (plugins call this in New)."""
+    def store(self, resource: Resource, handlers: Handlers | None = None) -> Store:
+        """The store of ``resource``, watched from now on, calling ``handlers`` too
+        (plugins call this in New)."""
         ...
 
 
@@ -297,10 +298,20 @@ class Framework:
     def set_snapshot(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
 
-    def informer(self, resource: Resource) -> Store:
+    def informer(
+        self,
+        resource: Resource,
+        on_add: Callable[[Obj], None] | None = None,
+        on_update: Callable[[Obj, Obj], None] | None = None,
+        on_delete: Callable[[Obj], None] | None = None,
+    ) -> Store:
+        """The cluster's ``resource`` objects; the handlers are called on every change."""
         if self.informers is None:
             raise FrameworkError(f"no informers: cannot watch {resource.plural}")
-        return self.informers.store(resource)
+        handlers = None
+        if on_add or on_update or on_delete:
+            handlers = Handlers(on_add, on_update, on_delete)
+        return self.informers.store(resource, handlers)
 
     def IterateOverWaitingPods(self, callback: Callable[[WaitingPod], None]) -> None:
         for wp in self.waiting_pods.list():

@@ -530,7 +530,6 @@ class Scheduler:
             fwk.trace("Bind", qpi.pod, f"failed: {status.message}", warning=True)
             self._handle_binding_cycle_error(fwk, state, qpi, host, status, cycle)
             return
-        self.cache.FinishBinding(assumed)
         fwk.trace("Bind", qpi.pod, f"{_plugin_line(results_of(state).bind)} -> {host}", node=host)
         meta = qpi.pod.get("metadata") or {}
         self.io.record_event(

@@ -70,19 +70,38 @@ def event_resource(resource: Resource) -> str:
 
 
 class SchedulerInformers:
-    """The informers of one scheduler process; plugins add theirs through the Handle."""
+    """The informers of one scheduler process; plugins add theirs (and handlers on the
+    scheduler's own, as upstream plugins do on the shared informer factory)."""
 
     def __init__(self, api: client.ApiClient, on_event: Any) -> None:
         self.api = api
         self._on_event = on_event
         self._informers: dict[Resource, Informer] = {}
+        self._extra: dict[Resource, list[Handlers]] = {}
 
     def add(self, informer: Informer) -> Informer:
-        self._informers[informer.lw.resource] = informer
+        """Register ``informer``; handlers added later through :meth:`store` run after its
+        own."""
+        resource = informer.lw.resource
+        own = informer.handlers
+        extra = self._extra.setdefault(resource, [])
+
+        def fan_out(attr: str) -> Any:
+            def call(*objs: Obj) -> None:
+                for h in (own, *extra):
+                    fn = getattr(h, attr)
+                    if fn is not None:
+                        fn(*objs)
+
+            return call
+
+        informer.handlers = Handlers(fan_out("on_add"), fan_out("on_update"), fan_out("on_delete"))
+        self._informers[resource] = informer
         return informer
 
-    def store(self, resource: Resource) -> Store:
-        """A plugin's informer on ``resource`` (cluster events for its adds and updates)."""
+    def store(self, resource: Resource, handlers: Handlers | None = None) -> Store:
+        """The store of ``resource`` (an informer is created for a custom resource, whose
+        adds, updates and deletes become cluster events), plus ``handlers`` to call."""
         if resource not in self._informers:
             name = event_resource(resource)
 
@@ -93,12 +112,14 @@ class SchedulerInformers:
                 if resource_version(old) != resource_version(new):
                     emit(ActionType.UPDATE, "Update")
 
-            handlers = Handlers(
+            events = Handlers(
                 on_add=lambda _o: emit(ActionType.ADD, "Add"),
                 on_update=updated,
                 on_delete=lambda _o: emit(ActionType.DELETE, "Delete"),
             )
-            self.add(Informer(ListWatch(self.api, resource), handlers, name=f"informer-{name}"))
+            self.add(Informer(ListWatch(self.api, resource), events, name=f"informer-{name}"))
+        if handlers is not None:
+            self._extra[resource].append(handlers)
         return self._informers[resource].store
 
     def start(self) -> None:
@@ -224,6 +245,21 @@ class SchedulerProcess:
         self.informers = SchedulerInformers(api, self._on_cluster_event)
         self.cache = Cache()
         self.tracer = Tracer(component, api)
+        # the scheduler's own informers first: plugins add handlers to them
+        pods = self.informers.add(
+            Informer(
+                ListWatch(api, PODS, field_selector=NOT_FINISHED),
+                Handlers(self._pod_added, self._pod_updated, self._pod_deleted),
+                name="informer-pods",
+            )
+        )
+        self.informers.add(
+            Informer(
+                ListWatch(api, NODES),
+                Handlers(self._node_added, self._node_updated, self._node_deleted),
+                name="informer-nodes",
+            )
+        )
         binder = KubeBinder(api)
         self.profiles: dict[str, Framework] = {}
         waiting = None
@@ -245,20 +281,6 @@ class SchedulerProcess:
             events,
             config.pod_initial_backoff_seconds,
             config.pod_max_backoff_seconds,
-        )
-        pods = self.informers.add(
-            Informer(
-                ListWatch(api, PODS, field_selector=NOT_FINISHED),
-                Handlers(self._pod_added, self._pod_updated, self._pod_deleted),
-                name="informer-pods",
-            )
-        )
-        self.informers.add(
-            Informer(
-                ListWatch(api, NODES),
-                Handlers(self._node_added, self._node_updated, self._node_deleted),
-                name="informer-nodes",
-            )
         )
         self.scheduler = Scheduler(
             self.profiles,

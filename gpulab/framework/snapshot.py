@@ -99,10 +99,6 @@ class NodeInfo:
     def name(self) -> str:
         return str((self.node.get("metadata") or {}).get("name"))
 
-    @property
-    def labels(self) -> Mapping[str, str]:
-        return (self.node.get("metadata") or {}).get("labels") or {}
-
     def add_pod(self, pod: PodInfo) -> None:
         self.pods.append(pod)
         self.requested.add(pod.request)
@@ -126,10 +122,6 @@ class NodeInfo:
             self.allocatable.clone(),
         )
 
-    def free(self, resource: str) -> int:
-        """Allocatable minus requested, in scheduler units."""
-        return self.allocatable.get(resource) - self.requested.get(resource)
-
 
 @dataclass
 class Snapshot:
@@ -148,10 +140,6 @@ class Snapshot:
 
     def __iter__(self) -> Iterator[NodeInfo]:
         return iter(self.node_infos.values())
-
-    def pods(self) -> Iterator[PodInfo]:
-        for info in self.node_infos.values():
-            yield from info.pods
 
     def clone(self) -> Snapshot:
         return Snapshot({name: info.clone() for name, info in self.node_infos.items()})

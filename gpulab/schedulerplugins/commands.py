@@ -1,12 +1,14 @@
-"""``gpulab scheduler``: scheduler-plugins' kube-scheduler, i.e. gpulab/framework with the
-out-of-tree plugins registered next to the in-tree ones.
+"""scheduler-plugins' two binaries as gpulab commands.
 
-    gpulab scheduler --config scheduler-config.yaml [--kubeconfig K]
+    gpulab scheduler --config scheduler-config.yaml [--kubeconfig K] [--healthz-bind H:P]
+    gpulab podgroup-controller [--kubeconfig K]
 
-Mirrors scheduler-plugins v0.35.4-devel ``cmd/scheduler/main.go``
-(``app.NewSchedulerCommand(app.WithPlugin(...))``) and kube-scheduler's ``--config`` flag:
-the file is a KubeSchedulerConfiguration whose profiles pick the plugins
-(``manifests/scheduling/scheduler-config.yaml``).
+``scheduler`` mirrors scheduler-plugins v0.35.4-devel ``cmd/scheduler/main.go``
+(``app.NewSchedulerCommand(app.WithPlugin(...))``: gpulab/framework with Coscheduling and
+NodeResourceTopologyMatch registered next to the in-tree plugins) and kube-scheduler's
+``--config`` flag: the file is a KubeSchedulerConfiguration whose profiles pick the
+plugins (``manifests/scheduling/scheduler-config.yaml``). ``podgroup-controller`` mirrors
+``cmd/controller`` (the PodGroup status controller).
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ COMPONENT = "gpulab-scheduler"
 def registry() -> Registry:
     """The in-tree plugins plus scheduler-plugins' (the scheduler binary's registry)."""
     from gpulab.framework.plugins import in_tree_registry
+    from gpulab.schedulerplugins.coscheduling import coscheduling
+    from gpulab.schedulerplugins.noderesourcetopology import plugin as noderesourcetopology
 
-    return {**in_tree_registry()}
+    return {
+        **in_tree_registry(),
+        coscheduling.NAME: coscheduling.new,
+        noderesourcetopology.NAME: noderesourcetopology.new,
+    }
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +50,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         help="HOST:PORT of /healthz and /readyz (plain HTTP; default 0.0.0.0:10259)",
     )
     p.set_defaults(func=run_scheduler)
+    c = subparsers.add_parser(
+        "podgroup-controller",
+        help="run the PodGroup status controller (scheduler-plugins' controller)",
+    )
+    c.add_argument("--kubeconfig", default=None, help="default: in-cluster or local cluster")
+    c.set_defaults(func=run_podgroup_controller)
 
 
 def run_scheduler(args: argparse.Namespace) -> int:
@@ -70,4 +84,21 @@ def run_scheduler(args: argparse.Namespace) -> int:
     while runner.is_alive() and not process.stop_event.wait(1.0):
         pass
     process.stop()
+    return 0
+
+
+def run_podgroup_controller(args: argparse.Namespace) -> int:
+    from gpulab.kube import api_client
+    from gpulab.schedulerplugins.controllers.podgroup import COMPONENT, PodGroupController
+    from gpulab.trace import Tracer
+
+    api = api_client(args.kubeconfig)
+    tracer = Tracer(COMPONENT, api)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        PodGroupController(api, tracer).run(stop)
+    finally:
+        tracer.flush(timeout=2)
     return 0

@@ -351,22 +351,123 @@ def test_ignored_xid_and_dbe_are_still_delivered(shim: Path, tmp_path: Path) -> 
     assert all(e["gi"] == 0xFFFFFFFF for e in events)  # GPU-wide on a MIG-enabled GPU
 
 
-def test_active_faults_replay_to_a_restarted_consumer_until_cleared(
+def test_a_fault_is_delivered_once_and_never_replayed_to_a_later_consumer(
     shim: Path, tmp_path: Path
 ) -> None:
+    """nvml.h: "All events that occurred before this call are not recorded." A consumer
+    that registers after a fault (a restarted device plugin) never sees it."""
     env = nvml.shim_env(NODE, "t4-x4", tmp_path)
     ndir = tmp_path / NODE
+    first = start_waiter(env, want=1, seconds=10)
     faults.inject_xid(ndir, 2, 79)
-    faults.inject_xid(ndir, 0, 31)
-    replayed = waiter_events(start_waiter(env, want=2, seconds=3))
-    assert sorted((e["gpu"], e["data"]) for e in replayed) == [(0, 31), (2, 79)]
-
-    faults.clear(ndir, 2)
-    replayed = waiter_events(start_waiter(env, want=2, seconds=1))
-    assert [(e["gpu"], e["data"]) for e in replayed] == [(0, 31)]
-
+    assert [(e["gpu"], e["data"]) for e in waiter_events(first)] == [(2, 79)]
+    # A consumer started after the fault waits for two events: the old one must not come
+    # (bounded by its 3 s), the new one must (the positive control).
+    later = start_waiter(env, want=2, seconds=3)
+    faults.inject_xid(ndir, 1, 31)
+    assert [(e["gpu"], e["data"]) for e in waiter_events(later)] == [(1, 31)]
+    # `clear` changes the shim's fault state only; it sends no event either
+    assert faults.active(ndir)
     faults.clear(ndir)
-    assert waiter_events(start_waiter(env, want=1, seconds=1)) == []
+    assert faults.active(ndir) == {}
+
+
+def test_events_on_a_gpu_without_mig_name_no_instance(shim: Path, tmp_path: Path) -> None:
+    env = nvml.shim_env(NODE, "t4-x4", tmp_path)
+    waiter = start_waiter(env, want=1, seconds=10)
+    faults.inject_xid(tmp_path / NODE, 0, 79)
+    (event,) = waiter_events(waiter)
+    assert event["gi"] == 0xFFFFFFFF  # nvml.h: not attributable to a MIG instance
+
+
+NVLINK_COUNTS = """
+    import json, pynvml as N
+    N.nvmlInit()
+    handles = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]
+    bus = [N.nvmlDeviceGetPciInfo(h).busId for h in handles]
+    links = []
+    for h in handles:  # what go-gpuallocator's GetNVLink counts: remote PCI bus per link
+        row = [0] * len(handles)
+        for link in range(N.NVML_NVLINK_MAX_LINKS):
+            try:
+                if N.nvmlDeviceGetNvLinkState(h, link) != N.NVML_FEATURE_ENABLED:
+                    continue
+                row[bus.index(N.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)] += 1
+            except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+                continue
+        links.append(row)
+    print(json.dumps(links))
+"""
+
+
+@pytest.mark.parametrize("name", ["a100-sxm4-40gb-x8", "h100-80gb-x8", "mixed", "t4-x4"])
+def test_nvlink_counts_are_the_same_from_both_ends(shim: Path, tmp_path: Path, name: str) -> None:
+    links = probe(NVLINK_COUNTS, nvml.shim_env(NODE, name, tmp_path))
+    profile = profiles.load(name)
+    for a in profile.gpus:
+        for b in profile.gpus:
+            assert links[a.index][b.index] == links[b.index][a.index]
+            assert (links[a.index][b.index] > 0) == (b.index in a.nvlink_peers)
+    if name == "a100-sxm4-40gb-x8":  # 12 links over 7 peers: one per pair, evenly
+        assert {links[a][b] for a in range(8) for b in range(8) if a != b} == {1}
+    if name == "mixed":  # an NVLink bridge: all 12 links of the pair
+        assert links[0][1] == 12
+
+
+MIG_PROFILE_WALK = """
+    import json, pynvml as N
+    # go-nvlib v0.12.0 device.(*migdevice).GetProfile, step by step
+    N.nvmlInit()
+    out = []
+    parent = N.nvmlDeviceGetHandleByIndex(0)
+    total = N.nvmlDeviceGetMemoryInfo(parent).total
+    for j in range(N.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            mig = N.nvmlDeviceGetMigDeviceHandleByIndex(parent, j)
+        except N.NVMLError_NotFound:
+            continue
+        attrs = N.nvmlDeviceGetAttributes(mig)
+        gi = N.nvmlDeviceGetGpuInstanceById(parent, N.nvmlDeviceGetGpuInstanceId(mig))
+        ci = N.nvmlGpuInstanceGetComputeInstanceById(gi, N.nvmlDeviceGetComputeInstanceId(mig))
+        gi_info, ci_info = N.nvmlGpuInstanceGetInfo(gi), N.nvmlComputeInstanceGetInfo(ci)
+        found = None
+        for i in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                gp = N.nvmlDeviceGetGpuInstanceProfileInfo(parent, i, version=1)
+            except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+                continue
+            if gp.id != gi_info.profileId:
+                continue
+            for c in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+                for v in (1, 2):
+                    try:
+                        cp = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, c, 0, version=v)
+                    except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+                        continue
+                    if cp.id == ci_info.profileId and found is None:
+                        found = [i, c, cp.sliceCount, gp.sliceCount, attrs.memorySizeMB]
+        out.append({"found": found, "ci_parent_gi": N.nvmlGpuInstanceGetInfo(
+            ci_info.gpuInstance).id, "gi": gi_info.id, "ci": ci_info.id,
+            "placement": [ci_info.placement.start, ci_info.placement.size]})
+    print(json.dumps({"total": total, "migs": out}))
+"""
+
+
+def test_go_nvlib_mig_profile_lookup_works(shim: Path, tmp_path: Path) -> None:
+    from gpulab.deviceplugin.rm import mig_profile_name
+
+    got = probe(MIG_PROFILE_WALK, nvml.shim_env(NODE, "a100-80gb-mig-x8", tmp_path))
+    gpu = profiles.load("a100-80gb-mig-x8").gpus[0]
+    names = []
+    for j, (mp, m) in enumerate(zip(gpu.mig_instances, got["migs"], strict=True)):
+        assert m["found"] is not None, f"no CI profile matches MIG device {j}"
+        gi_enum, _ci_enum, c, g, mem = m["found"]
+        assert gi_enum == render.gi_profile_ids(gpu.model, mp)[0]
+        assert (m["gi"], m["ci"], m["ci_parent_gi"]) == (j + 1, 0, j + 1)
+        assert m["placement"] == [0, mp.slices]
+        assert c == g == mp.slices  # a full-size CI: go-nvlib names it "<g>g.<mem>gb"
+        names.append(mig_profile_name(g, mem, got["total"] >> 20))
+    assert names == [mp.name for mp in gpu.mig_instances]
 
 
 def test_nodes_on_one_machine_have_separate_fault_state(shim: Path, tmp_path: Path) -> None:

@@ -15,11 +15,11 @@ from harness.spec import parse
 SPEC = {
     "name": "gpulab-lifecycle",
     "ports": {
-        "apiserver": 47443,
-        "etcd": 47379,
-        "etcdPeer": 47380,
-        "controllerManager": 47257,
-        "scheduler": 47259,
+        "apiserver": 25443,
+        "etcd": 25379,
+        "etcdPeer": 25380,
+        "controllerManager": 25257,
+        "scheduler": 25259,
     },
     "nodes": [{"name": "t4", "profile": "t4-x1"}],
 }
@@ -56,7 +56,7 @@ def test_port_in_use_is_one_line_and_starts_nothing() -> None:
         with pytest.raises(HarnessError) as exc:
             local.up(print)
     message = str(exc.value)
-    assert "port 47379 (etcd) on 127.0.0.1 is in use" in message
+    assert "port 25379 (etcd) on 127.0.0.1 is in use" in message
     assert "set ports.etcd" in message and "\n" not in message
     assert local.processes() == []
     assert not port_in_use(SPEC["ports"]["apiserver"])

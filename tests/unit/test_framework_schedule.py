@@ -256,7 +256,7 @@ def test_unschedulable_pod_gets_failed_scheduling_and_condition() -> None:
 
 def test_permit_wait_holds_resources_until_allowed_or_timed_out() -> None:
     binder = FakeBinder()
-    gate = Gate(timeout=0.3)
+    gate = Gate(timeout=2)
     registry = {**in_tree_registry(), "Gate": lambda args, h: gate}
     fwk = framework({"plugins": {"permit": {"enabled": [{"name": "Gate"}]}}}, registry, binder)
     one = [make_node("only", allocatable={GPU: 2})]
@@ -273,7 +273,7 @@ def test_permit_wait_holds_resources_until_allowed_or_timed_out() -> None:
     assert (
         "a",
         "FailedScheduling",
-        "0/1 nodes are available: 1 rejected due to timeout after waiting 0.3s at plugin Gate.",
+        "0/1 nodes are available: 1 rejected due to timeout after waiting 2s at plugin Gate.",
     ) in io_.events
     assert not sched.cache.IsAssumedPod(a)
 

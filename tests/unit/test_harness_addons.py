@@ -1,4 +1,10 @@
-from harness.addons.device_plugin import expected_resources
+from gpulab.deviceplugin.config import parse as parse_config
+from harness.addons.device_plugin import (
+    config_name,
+    expected_resources,
+    named_configs,
+    plugin_config,
+)
 from harness.spec import node_object, parse
 
 
@@ -18,6 +24,29 @@ def test_mig_mixed_counts_each_profile() -> None:
         "nvidia.com/mig-2g.20gb": 4,
         "nvidia.com/mig-1g.10gb": 4 * 2 + 4 * 7,
     }
+
+
+def test_mig_single_counts_what_the_plugin_counts() -> None:
+    # strategy single on a node with no MIG-enabled GPU: whole GPUs (the old harness
+    # counted a non-MIG GPU as 1 MIG device each, which the plugin never did)
+    assert expected_resources(_node("h100-80gb-x8", migStrategy="single")) == {"nvidia.com/gpu": 8}
+
+
+def test_each_setting_is_a_named_config_in_upstreams_format() -> None:
+    nodes = [
+        _node("t4-x4", replicas=4),
+        _node("a100-80gb-mig-x8", migStrategy="mixed"),
+        _node("t4-x4", replicas=3, migStrategy="single"),
+    ]
+    assert [config_name(n.device_plugin) for n in nodes] == [
+        "time-slicing-4", "mig-mixed", "mig-single-time-slicing-3",
+    ]  # fmt: skip
+    data = named_configs(nodes)
+    assert {"default", "mig-single", "mig-mixed", "time-slicing-4"} <= set(data)
+    for node in nodes:
+        assert parse_config(data[config_name(node.device_plugin)]) == plugin_config(
+            node.device_plugin
+        )
 
 
 def test_with_a_device_plugin_the_node_starts_without_gpu_capacity() -> None:
