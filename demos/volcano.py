@@ -244,10 +244,7 @@ def run(args: argparse.Namespace) -> int:
         "reclaim takes back from an over-share queue"
     )
     ok("a job larger than its queue's capability stays Pending, with the gang message")
-    say(
-        "look around: gpulab kubectl get queues,vcjobs,podgroups -A "
-        f"(KUBECONFIG of --spec {args.spec})"
-    )
+    say(f"look around: gpulab kubectl --spec {args.spec} get queues,vcjob,podgroups -A")
     return 0
 
 

@@ -4,6 +4,8 @@ webhook messages."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpulab.volcano import apis
@@ -243,3 +245,24 @@ def test_queue_admission() -> None:
     ]
     assert queues.validate_delete("default") == "`default` queue can not be deleted"
     assert queues.validate_delete("team") == ""
+
+
+def test_a_deleted_pod_group_brings_its_job_back_on_the_same_worker_queue() -> None:
+    from kubernetes import client
+
+    from gpulab.trace import Tracer
+    from gpulab.volcano.controllers.job.job_controller import JobController
+
+    controller = JobController(client.ApiClient(), Tracer("test", None))
+    pg = vo.podgroup("a-train-1234", "team-a")
+    pg["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "a-train", "uid": "1"}
+    ]
+    controller._pod_group_deleted(pg)
+    queue = controller._queue_of({"namespace": "team-a", "job": "a-train"})
+    assert json.loads(queue.get(timeout=0.1) or "{}") == {
+        "namespace": "team-a",
+        "job": "a-train",
+        "event": "",
+    }
+    assert all(len(q) == 0 for q in controller.work_queues)

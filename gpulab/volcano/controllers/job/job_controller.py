@@ -21,10 +21,11 @@ Mirrors volcano-sh/volcano v1.15.1 ``pkg/controllers/job``:
 
 Workers as upstream's: ``--worker-threads`` (3) queues, a job hashed (FNV-32) to one.
 
-Lab differences: pods are found through
-their controller reference, not a separate job cache; a delayed action (a policy with
-``timeout``) is re-queued after the delay and not cancelled by later pod changes; no job
-plugins, PVCs, ``ttlSecondsAfterFinished`` or ``runningDuration``. The lab also traces
+Lab differences: pods are found through their controller reference, not a separate job
+cache; a PodGroup's deletion also queues its Job (upstream watches PodGroup updates
+only); a delayed action (a policy with ``timeout``) is re-queued after the delay and not
+cancelled by later pod changes; no job plugins, PVCs, ``ttlSecondsAfterFinished`` or
+``runningDuration``. The lab also traces
 ``CreatePodGroup``, ``SyncJob`` (pods created / deleted) and ``KillJob`` as Events on the
 Job.
 """
@@ -93,7 +94,7 @@ class JobController:
         )
         self.podgroups = Informer(
             ListWatch(api, apis.PODGROUPS),
-            Handlers(on_update=self._pod_group_updated),
+            Handlers(on_update=self._pod_group_updated, on_delete=self._pod_group_deleted),
             name="informer-job-podgroups",
         )
         self.queues = Informer(ListWatch(api, apis.QUEUES), name="informer-job-queues")
@@ -210,21 +211,24 @@ class JobController:
         evicted = known and not helpers.is_out_of_sync(pod)
         self._pod_request(pod, apis.POD_EVICTED_EVENT if evicted else apis.OUT_OF_SYNC_EVENT)
 
+    @staticmethod
+    def _owner(pg: Obj) -> str:
+        refs = pg["metadata"].get("ownerReferences") or []
+        return next((r["name"] for r in refs if r.get("kind") == "Job"), pg["metadata"]["name"])
+
     def _pod_group_updated(self, old: Obj, new: Obj) -> None:
         old_phase = (old.get("status") or {}).get("phase")
         phase = (new.get("status") or {}).get("phase")
         if old_phase == phase:
             return
-        owner = next(
-            (
-                r["name"]
-                for r in new["metadata"].get("ownerReferences") or []
-                if r.get("kind") == "Job"
-            ),
-            new["metadata"]["name"],
-        )
         event = apis.JOB_UNKNOWN_EVENT if phase == apis.PG_UNKNOWN else ""
-        self._enqueue(namespace=new["metadata"]["namespace"], job=owner, event=event)
+        self._enqueue(namespace=new["metadata"]["namespace"], job=self._owner(new), event=event)
+
+    def _pod_group_deleted(self, pg: Obj) -> None:
+        """A lab addition: KillJob deletes the PodGroup; the Job is looked at again once
+        the cache has seen it go, so a restarting job recreates it even when every pod
+        event came while the cache still held the old one."""
+        self._enqueue(namespace=pg["metadata"]["namespace"], job=self._owner(pg), event="")
 
     def _command(self, cmd: Obj) -> None:
         target = cmd.get("target") or {}
@@ -280,6 +284,14 @@ class JobController:
             self._event(job, apis.EXECUTE_ACTION, f"Start to execute action {action} ")
         phase = ((job.get("status") or {}).get("state") or {}).get("phase") or ""
         step = next_step(phase, action)
+        _log.debug(
+            "Execute <%s> on Job <%s> in <%s> (version %s) for request %s",
+            action,
+            key_of(job),
+            phase,
+            (job.get("status") or {}).get("version"),
+            key,
+        )
         if step.kind == KILL:
             self.kill_job(job, step)
         elif step.kind == KILL_TARGET:
