@@ -62,7 +62,7 @@ def kubelet_root(cluster: LocalCluster, node: str) -> Path:
 
 
 def start(cluster: LocalCluster, progress: Progress) -> None:
-    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform())
+    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform(dry_run_workloads=True))
     gpu_nodes = [n for n in cluster.spec.nodes if n.profile]
     running = {r.name for r in cluster.processes()}
     for node in gpu_nodes:

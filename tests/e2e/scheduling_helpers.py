@@ -99,10 +99,12 @@ class GangWatch:
         self._stop.set()
 
     def _run(self) -> None:
-        from gpulab.informer import PODS, ListWatch, follow
+        from gpulab.informer import PODS, SYNCED, ListWatch, follow
 
         lw = ListWatch(self.api, PODS, namespace=self.namespace)
         for delta in follow(lw, self._stop):
+            if delta.type == SYNCED:
+                continue
             pod = delta.obj
             group = (pod["metadata"].get("labels") or {}).get(POD_GROUP_LABEL)
             if group not in self.bound:
