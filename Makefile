@@ -13,7 +13,7 @@ GPULAB := $(BIN)/gpulab
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
         demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
         test-dashboard bench-dashboard \
-        demo-coscheduling demo-numa
+        demo-coscheduling demo-numa demo-volcano
 
 setup: venv fake-gpu binaries dashboard-web
 
@@ -66,6 +66,9 @@ demo-coscheduling: setup
 
 demo-numa: setup
 	@$(GPULAB) demo numa --backend local --spec scheduling
+
+demo-volcano: setup
+	@$(GPULAB) demo volcano --backend local --spec volcano
 
 down: venv
 	@$(GPULAB) down

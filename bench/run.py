@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import cluster_start, dashboard, hami_extender, kueue_admission
+from bench import cluster_start, dashboard, hami_extender, kueue_admission, volcano_scheduling
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
@@ -44,6 +44,7 @@ BENCHMARKS: dict[
     "kueue_admission": (kueue_admission.run, kueue_admission.section),
     "hami_extender": (hami_extender.run, hami_extender.section),
     "dashboard": (dashboard.run, dashboard.section),
+    "volcano_scheduling": (volcano_scheduling.run, volcano_scheduling.section),
 }
 
 

@@ -14,6 +14,7 @@ CHAPTERS = {
     "kueue": "demos.kueue",
     "coscheduling": "demos.coscheduling",
     "numa": "demos.numa",
+    "volcano": "demos.volcano",
 }
 
 

@@ -47,7 +47,9 @@ SPEC_DIR = Path(__file__).resolve().parent / "clusters"
 # block of 1,000 (tests/unit/test_harness_spec.py checks the shipped specs): 21xxx default,
 # 22xxx e2e, 23xxx hami, 24xxx hami-e2e, 25xxx lifecycle test, 26xxx start bench,
 # 27xxx device-plugin-e2e, 28xxx plugin-project test, 29xxx external-backend test,
-# 11xxx-20xxx the other chapters' specs and benches.
+# 11xxx scheduling, 12xxx scheduling-e2e, 13xxx volcano, 14xxx volcano-e2e, 15xxx
+# kueue-hami-e2e, 16xxx dashboard-e2e, 17xxx dashboard bench, 18xxx gpu-operator, 19xxx
+# gpu-operator-e2e, 20xxx kueue bench, 10xxx hami bench, 30xxx labs, 31xxx volcano bench.
 DEFAULT_PORTS = {
     "apiserver": 21443,
     "etcd": 21379,

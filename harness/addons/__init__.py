@@ -21,6 +21,7 @@ ADDONS = {
     "hami": "harness.addons.hami",
     "kueue": "harness.addons.kueue",
     "scheduling": "harness.addons.scheduling",
+    "volcano": "harness.addons.volcano",
 }
 LOCAL_ONLY = {"hami", "kueue"}
 
