@@ -164,10 +164,13 @@ class LocalCluster(ClusterAPI):
             self._start_control_plane(progress)
             self._create_nodes(progress)
             self._start_pod_runner(progress)
-            self._wait_ready(progress)
+            # nothing below waits for the controller-manager's first seconds: the base
+            # manifests and the chapters' objects go in while it starts (each addon then
+            # waits for its own components), the node and health checks come last
             self._apply_base(progress)
             for addon in self.spec.addons:
                 self.ensure_addon(addon, progress)
+            self._wait_ready(progress)
         except BaseException:
             progress("start-up failed; stopping what was started")
             self.down(lambda _m: None)
