@@ -11,8 +11,9 @@ BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
-        demo-cluster demo-device-plugin demo-hami demo-kueue demo-gpu-operator dashboard \
-        dashboard-web chromium test-dashboard bench-dashboard
+        demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
+        test-dashboard bench-dashboard \
+        demo-coscheduling demo-numa demo-volcano demo-gpu-operator
 
 setup: venv fake-gpu binaries dashboard-web
 
@@ -60,8 +61,17 @@ demo-device-plugin: setup
 demo-kueue: setup
 	@$(GPULAB) demo kueue
 
+demo-coscheduling: setup
+	@$(GPULAB) demo coscheduling --backend local --spec scheduling
+
+demo-numa: setup
+	@$(GPULAB) demo numa --backend local --spec scheduling
+
+demo-volcano: setup
+	@$(GPULAB) demo volcano --backend local --spec volcano
+
 demo-gpu-operator: setup
-	@$(GPULAB) demo gpu-operator --spec gpu-operator
+	@$(GPULAB) demo gpu-operator --backend local --spec gpu-operator
 
 down: venv
 	@$(GPULAB) down

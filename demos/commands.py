@@ -12,6 +12,9 @@ CHAPTERS = {
     "device-plugin": "demos.device_plugin",
     "hami": "demos.hami",
     "kueue": "demos.kueue",
+    "coscheduling": "demos.coscheduling",
+    "numa": "demos.numa",
+    "volcano": "demos.volcano",
     "gpu-operator": "demos.gpu_operator",
 }
 

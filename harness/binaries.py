@@ -15,6 +15,9 @@ there every binary is compiled from its Go module:
   kubernetes' own go.mod, so it is always the right one for the pinned version.
 - etcd: ``go.etcd.io/etcd/server/v3`` likewise replaces its sibling modules by path.
 - kwok: no replace directives, but built the same way for one code path.
+- scheduler-plugins (a test peer, built on first use by the scheduling chapter's e2e
+  test, not by ``make binaries``): its go.mod pins every k8s.io module with
+  ``mod => mod vX`` replaces, which the wrapper copies as they are.
 
 Binaries land in ``<cache>/bin/<component>-<version>/`` with a ``manifest.json`` of
 sha256 sums, so a corrupt or truncated binary is detected before it is started.
@@ -48,6 +51,7 @@ from harness.errors import HarnessError
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
+SCHEDULER_PLUGINS_VERSION = "v0.35.4-devel"
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,12 @@ KWOK = Component(
     ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION.lstrip('v')}",),
 )
 COMPONENTS = (ETCD, KUBERNETES, KWOK)
+SCHEDULER_PLUGINS = Component(
+    name="scheduler-plugins",
+    module="sigs.k8s.io/scheduler-plugins",
+    version=SCHEDULER_PLUGINS_VERSION,
+    commands={"scheduler-plugins-kube-scheduler": "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
+)
 
 Progress = Callable[[str], None]
 
@@ -304,6 +314,13 @@ def _install(archive: Path, release: Release, comp: Component, out_dir: Path) ->
         raise DownloadError(f"{release.url}: not the release archive expected ({exc})") from None
 
 
+def peer_binary(comp: Component, name: str, progress: Progress) -> Path:
+    """A test peer's binary, built (once, then cached) the first time it is asked for."""
+    if verify(comp):
+        build(comp, find_go(), progress)
+    return comp.binary(name)
+
+
 def find_go() -> str:
     go = shutil.which("go")
     if go is None:
@@ -387,10 +404,11 @@ def _write_wrapper(comp: Component, go: str, work: Path, env: dict[str, str]) ->
         f"require {comp.module} {comp.version}",
         "",
     ]
-    replaces = _path_replaces(gomod, comp)
+    replaces = [(mod, mod, ver) for mod, ver in _path_replaces(gomod, comp)]
+    replaces += _version_replaces(gomod)
     if replaces:
         lines.append("replace (")
-        lines += [f"\t{mod} => {mod} {ver}" for mod, ver in replaces]
+        lines += [f"\t{mod} => {target} {ver}" for mod, target, ver in replaces]
         lines.append(")")
     (work / "go.mod").write_text("\n".join(lines) + "\n")
 
@@ -407,6 +425,12 @@ def _path_replaces(gomod: str, comp: Component) -> list[tuple[str, str]]:
             continue
         out.append((mod, staged_version))
     return out
+
+
+def _version_replaces(gomod: str) -> list[tuple[str, str, str]]:
+    """``mod => other vX.Y.Z`` replaces, kept as they are."""
+    pattern = r"^\s*(?:replace\s+)?(\S+)\s+=>\s+([^.\s]\S*)\s+(v\S+)\s*$"
+    return [(m, t, v) for m, t, v in re.findall(pattern, gomod, re.M)]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> str:

@@ -38,8 +38,10 @@ import docker
 import yaml
 from docker.errors import APIError, DockerException, ImageNotFound
 from kubernetes import client
+from kubernetes.utils import parse_quantity
 
 from gpulab.fakegpu import profiles
+from gpulab.nodeagent.topology import MACHINE_INFO, KubeletConfig, MachineInfo
 from gpulab.state import cluster_dir
 from gpulab.wait import WaitTimeout, wait_for
 from harness import addons, pki
@@ -145,8 +147,25 @@ def _profile_path(node: Any, relative: bool) -> str:
     return f"./{path.relative_to(ROOT)}" if relative else str(path)
 
 
-def kind_config(spec: ClusterSpec, relative_paths: bool = True) -> dict[str, Any]:
-    """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node."""
+def kubelet_patch(spec: ClusterSpec) -> dict[str, Any] | None:
+    """The spec's kubelet settings as a KubeletConfiguration patch (None: kind's defaults).
+    The static CPU manager needs CPUs reserved for the system, as kubelet insists."""
+    if spec.kubelet == KubeletConfig():
+        return None
+    patch = yaml.safe_load(spec.kubelet.to_yaml())
+    if spec.kubelet.cpu_manager_policy == "static":
+        patch["reservedSystemCPUs"] = "0"
+    return dict(patch)
+
+
+def kind_config(
+    spec: ClusterSpec, relative_paths: bool = True, machine_dir: Path | None = None
+) -> dict[str, Any]:
+    """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node.
+
+    Each GPU worker mounts its GPU profile; with ``machine_dir`` (where `up` writes them)
+    also the lab's machine file (the node's NUMA layout) where the topology updater reads it.
+    """
     nodes: list[dict[str, Any]] = [{"role": "control-plane", "image": KIND_NODE_IMAGE}]
     for node in spec.nodes:
         worker: dict[str, Any] = {
@@ -162,13 +181,25 @@ def kind_config(spec: ClusterSpec, relative_paths: bool = True) -> dict[str, Any
                     "readOnly": True,
                 }
             ]
+            if machine_dir is not None:
+                worker["extraMounts"].append(
+                    {
+                        "hostPath": str(machine_dir / f"{node.name}.yaml"),
+                        "containerPath": f"/var/lib/kubelet/{MACHINE_INFO}",
+                        "readOnly": True,
+                    }
+                )
         nodes.append(worker)
-    return {
+    config: dict[str, Any] = {
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
         "name": spec.name,
         "nodes": nodes,
     }
+    patch = kubelet_patch(spec)
+    if patch is not None:
+        config["kubeadmConfigPatches"] = [yaml.safe_dump(patch, sort_keys=False)]
+    return config
 
 
 def k3d_config(spec: ClusterSpec) -> dict[str, Any]:
@@ -261,10 +292,16 @@ class DockerCluster(ClusterAPI):
     def write_config(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.tool == "kind":
+            machines = self.dir / "machines"
+            machines.mkdir(exist_ok=True)
+            for node in self.spec.nodes:
+                if node.profile:
+                    cpus, memory = int(parse_quantity(node.cpu)), int(parse_quantity(node.memory))
+                    info = MachineInfo.of(node.name, node.profile, cpus, memory)
+                    (machines / f"{node.name}.yaml").write_text(info.to_yaml())
             path = self.dir / "kind-config.yaml"
-            path.write_text(
-                yaml.safe_dump(kind_config(self.spec, relative_paths=False), sort_keys=False)
-            )
+            config = kind_config(self.spec, relative_paths=False, machine_dir=machines)
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
         else:
             path = self.dir / "k3d-config.yaml"
             path.write_text(yaml.safe_dump(k3d_config(self.spec), sort_keys=False))

@@ -29,8 +29,10 @@ from typing import Any
 
 import httpx
 import yaml
+from kubernetes.utils import parse_quantity
 
 from gpulab.fakegpu import faults, paths, profiles
+from gpulab.nodeagent.topology import KUBELET_CONFIG, MACHINE_INFO, MachineInfo
 from gpulab.state import cluster_dir
 from gpulab.wait import WaitTimeout, wait_for
 from harness import addons, binaries, pki
@@ -162,10 +164,13 @@ class LocalCluster(ClusterAPI):
             self._start_control_plane(progress)
             self._create_nodes(progress)
             self._start_pod_runner(progress)
-            self._wait_ready(progress)
+            # nothing below waits for the controller-manager's first seconds: the base
+            # manifests and the chapters' objects go in while it starts (each addon then
+            # waits for its own components), the node and health checks come last
             self._apply_base(progress)
             for addon in self.spec.addons:
                 self.ensure_addon(addon, progress)
+            self._wait_ready(progress)
         except BaseException:
             progress("start-up failed; stopping what was started")
             self.down(lambda _m: None)
@@ -416,6 +421,12 @@ class LocalCluster(ClusterAPI):
         _stop(rec)
         return rec
 
+    def restart_process(self, name: str) -> ProcessRecord:
+        """Stop a host process and start it again with the same command line and
+        environment (a node agent re-reading its kubelet config)."""
+        rec = self.stop_process(name)
+        return self.start_process(rec.name, rec.argv, rec.ports, rec.env, rec.service)
+
     def check_alive(self) -> None:
         for rec in self.processes():
             child = self._children.get(rec.pid)
@@ -501,6 +512,16 @@ class LocalCluster(ClusterAPI):
         block = self._block = network.acquire_block(self.dir)
         for node in self.spec.nodes:
             if node.profile:  # kubelet's device manager, for the node's device plugin pods
+                root = volumes.kubelet_root(self.dir, node.name)
+                (root / KUBELET_CONFIG).write_text(self.spec.kubelet.to_yaml())
+                # what kubelet learns from the machine (cAdvisor): its NUMA nodes
+                machine = MachineInfo.of(
+                    node.name,
+                    node.profile,
+                    int(parse_quantity(node.cpu)),
+                    int(parse_quantity(node.memory)),
+                )
+                (root / MACHINE_INFO).write_text(machine.to_yaml())
                 sockets = volumes.host_path(self.dir, node.name, volumes.DEVICE_PLUGIN_DIR)
                 self.start_process(
                     f"node-agent-{node.name}",

@@ -14,7 +14,9 @@ A spec is a small YAML file (``harness/clusters/*.yaml`` ships a few)::
         profile: t4-x4
       - name: cpu-only           # no profile: a node without GPUs
         cpu: "16"
-    addons: [device-plugin]      # local backend: components started with the cluster
+    addons: [device-plugin]      # chapters deployed with the cluster (harness/addons)
+    kubelet:                     # every GPU node's kubelet (KubeletConfiguration fields)
+      topologyManagerPolicy: single-numa-node
 
 With the ``device-plugin`` addon each GPU node gets a device plugin + node agent (kind
 runs the DaemonSet instead); a node may set ``devicePlugin: {migStrategy: mixed,
@@ -34,6 +36,7 @@ import yaml
 from gpulab.deviceplugin.config import MIG_STRATEGIES
 from gpulab.deviceplugin.configmanager import NODE_LABEL as CONFIG_LABEL
 from gpulab.fakegpu import profiles
+from gpulab.nodeagent.topology import KubeletConfig
 from harness.addons import ADDONS
 from harness.errors import HarnessError
 
@@ -44,7 +47,9 @@ SPEC_DIR = Path(__file__).resolve().parent / "clusters"
 # block of 1,000 (tests/unit/test_harness_spec.py checks the shipped specs): 21xxx default,
 # 22xxx e2e, 23xxx hami, 24xxx hami-e2e, 25xxx lifecycle test, 26xxx start bench,
 # 27xxx device-plugin-e2e, 28xxx plugin-project test, 29xxx external-backend test,
-# 11xxx-20xxx the other chapters' specs and benches.
+# 11xxx scheduling, 12xxx scheduling-e2e, 13xxx volcano, 14xxx volcano-e2e, 15xxx
+# kueue-hami-e2e, 16xxx dashboard-e2e, 17xxx dashboard bench, 18xxx gpu-operator, 19xxx
+# gpu-operator-e2e, 20xxx kueue bench, 10xxx hami bench, 30xxx labs, 31xxx volcano bench.
 DEFAULT_PORTS = {
     "apiserver": 21443,
     "etcd": 21379,
@@ -89,6 +94,34 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     path: Path | None = None
     addons: tuple[str, ...] = ()
+    # every GPU node's kubelet settings (the Topology Manager and its CPU/memory managers)
+    kubelet: KubeletConfig = field(default_factory=KubeletConfig)
+
+
+# spec key -> (KubeletConfig field, allowed values), as KubeletConfiguration spells them
+KUBELET_SETTINGS = {
+    "topologyManagerPolicy": (
+        "topology_manager_policy",
+        ("none", "best-effort", "restricted", "single-numa-node"),
+    ),
+    "topologyManagerScope": ("topology_manager_scope", ("container", "pod")),
+    "cpuManagerPolicy": ("cpu_manager_policy", ("none", "static")),
+    "memoryManagerPolicy": ("memory_manager_policy", ("None", "Static")),
+}
+
+
+def _parse_kubelet(raw: Any) -> KubeletConfig:
+    if not isinstance(raw, dict):
+        raise HarnessError("'kubelet' must be a mapping of KubeletConfiguration settings")
+    values = {}
+    for key, value in raw.items():
+        if key not in KUBELET_SETTINGS:
+            raise HarnessError(f"kubelet.{key}: unknown; known: {', '.join(KUBELET_SETTINGS)}")
+        attr, allowed = KUBELET_SETTINGS[key]
+        if value not in allowed:
+            raise HarnessError(f"kubelet.{key}: {value!r} is not one of {', '.join(allowed)}")
+        values[attr] = value
+    return KubeletConfig(**values)
 
 
 def port_offset() -> int:
@@ -159,7 +192,14 @@ def parse(data: Any, path: Path | None = None) -> ClusterSpec:
     addons = data.get("addons") or []
     if not isinstance(addons, list) or any(a not in ADDONS for a in addons):
         raise HarnessError(f"'addons' must be a list of: {', '.join(ADDONS)}; got {addons!r}")
-    return ClusterSpec(name=name, ports=ports, nodes=tuple(nodes), path=path, addons=tuple(addons))
+    return ClusterSpec(
+        name=name,
+        ports=ports,
+        nodes=tuple(nodes),
+        path=path,
+        addons=tuple(addons),
+        kubelet=_parse_kubelet(data.get("kubelet") or {}),
+    )
 
 
 def _parse_node(raw: Any, n: int) -> list[NodeSpec]:

@@ -18,8 +18,10 @@ Mirrors kubelet v1.36.3 ``pkg/kubelet/cm/devicemanager``:
   (``Failed`` / ``UnexpectedAdmissionError``).
 
 Decisions are pure functions in :mod:`gpulab.nodeagent.policy`; the API server sits behind
-:class:`NodeAPI`. No topology manager: every free device is in kubelet's "no affinity" set
-(the seam for a NUMA-aware piece is :meth:`ManagerImpl._allocate_resource`).
+:class:`NodeAPI`. The Topology Manager (``single-numa-node`` when the node's kubelet
+configuration asks for it) is :mod:`gpulab.nodeagent.topology`: it admits the pod on one
+NUMA node and narrows :meth:`ManagerImpl._allocate_resource` to that node's devices;
+without that configuration every free device is in kubelet's "no affinity" set.
 
 Deliberate differences:
 
@@ -48,7 +50,7 @@ import grpc
 
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
 from gpulab.informer import Handlers, Store, key_of
-from gpulab.nodeagent import policy
+from gpulab.nodeagent import policy, topology
 from gpulab.nodeagent.endpoint import DIAL_TIMEOUT, Endpoint, EndpointError
 from gpulab.trace import ObjectRef, Tracer
 from gpulab.workqueue import WorkQueue, run_worker
@@ -108,6 +110,9 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         # deliver a pod version older than our own annotation patch).
         self._records: dict[str, dict[str, policy.ContainerRecord]] = {}
         self._rejected: set[str] = set()
+        # kubelet's Topology Manager; its config and the machine's NUMA nodes live in the
+        # kubelet root dir, the device-plugins dir's parent (gpulab/nodeagent/topology.py)
+        self._topology = topology.TopologyManager.load(socket_dir.parent)
         self._server: grpc.Server | None = None
         self._worker: threading.Thread | None = None
 
@@ -281,6 +286,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             gone = [policy.pod_key(pod)]
         for uid in gone:
             self._rejected.discard(uid)
+            self._topology.forget(uid)
             if self._records.pop(uid, None):
                 _log.info("freed the devices of pod %s", uid)
 
@@ -303,6 +309,9 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         records = self._records.setdefault(uid, {})
         fresh: dict[str, policy.ContainerRecord] = {}
         try:
+            # Topology Manager admission: a NUMA node per container, or TopologyAffinityError
+            self._topology.adopt(self.pods.list())  # after a restart: the recorded choices
+            self._topology.Admit(pod, todo, self._free_devices(todo))
             for need in todo:
                 fresh[need.name] = records[need.name] = self._allocate_container(pod, need)
         except (policy.AdmissionError, EndpointError, grpc.RpcError) as exc:
@@ -313,6 +322,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             self._reject(pod, ref, exc)
             return
         annotations = {policy.annotation_key(c): r.to_json() for c, r in fresh.items()}
+        annotations.update(self._topology.annotations(uid))  # the NUMA choice, for restarts
         try:
             self._api.annotate_pod(meta["namespace"], meta["name"], annotations)
         except Exception as exc:  # the devices stay held in memory either way
@@ -335,7 +345,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         """``allocateContainerResources``: each resource of the container, one Allocate each."""
         record = policy.ContainerRecord()
         for resource, n in sorted(need.resources.items()):
-            ids, response = self._allocate_resource(pod, resource, n)
+            ids, response = self._allocate_resource(pod, need.name, resource, n)
             record.devices[resource] = ids
             record.envs.update(response.envs)
             record.mounts += [
@@ -351,7 +361,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         return record
 
     def _allocate_resource(
-        self, pod: Mapping[str, Any], resource: str, n: int
+        self, pod: Mapping[str, Any], container: str, resource: str, n: int
     ) -> tuple[list[str], api_pb2.ContainerAllocateResponse]:
         """``devicesToAllocate`` for one resource, then the plugin's Allocate."""
         own = self._records.get(policy.pod_key(pod), {})
@@ -370,6 +380,10 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             state = self._resources.get(resource)
             in_use = policy.in_use(self._records, resource)
         allocated, available, needed = policy.plan_allocation(resource, n, state, in_use, reusable)
+        # single-numa-node: only the devices on the NUMA node admission chose
+        available = self._topology.Aligned(
+            policy.pod_key(pod), container, resource, available, needed
+        )
         if endpoint is None:
             raise policy.AdmissionError(f"unknown Device Plugin {resource}")
         ids = allocated
@@ -392,20 +406,28 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
             endpoint.pre_start_container(ids)
         return ids, response
 
+    def _free_devices(self, needs: list[policy.ContainerNeed]) -> dict[str, list[str]]:
+        """Per resource the pod asks for: healthy devices no pod holds."""
+        with self._lock:
+            states = {r: self._resources.get(r) for n in needs for r in n.resources}
+        return {
+            r: sorted(state.healthy - policy.in_use(self._records, r)) if state else []
+            for r, state in states.items()
+        }
+
     def _reject(self, pod: Mapping[str, Any], ref: ObjectRef, exc: Exception) -> None:
         """Kubelet's admission failure: the pod becomes Failed/UnexpectedAdmissionError."""
         detail = str(exc)
         if isinstance(exc, grpc.Call):
             detail = policy.rpc_error(exc.code().name, exc.details())
         message = f"Allocate failed due to {detail}, which is unexpected"
+        reason = policy.ADMISSION_ERROR_REASON
+        if isinstance(exc, topology.TopologyAffinityError):  # as kubelet's rejectPod words it
+            message, reason = f"Pod was rejected: {detail}", exc.reason
         meta = pod["metadata"]
         self._rejected.add(policy.pod_key(pod))
-        self._tracer.step(
-            "Allocate", ref, message, warning=True, reason=policy.ADMISSION_ERROR_REASON
-        )
+        self._tracer.step("Allocate", ref, message, warning=True, reason=reason)
         try:
-            self._api.fail_pod(
-                meta["namespace"], meta["name"], policy.ADMISSION_ERROR_REASON, message
-            )
+            self._api.fail_pod(meta["namespace"], meta["name"], reason, message)
         except Exception as api_exc:
             _log.warning("could not fail pod %s: %s", ref, api_exc)

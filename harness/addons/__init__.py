@@ -20,6 +20,8 @@ ADDONS = {
     "device-plugin": "harness.addons.device_plugin",
     "hami": "harness.addons.hami",
     "kueue": "harness.addons.kueue",
+    "scheduling": "harness.addons.scheduling",
+    "volcano": "harness.addons.volcano",
     "gpu-operator": "harness.addons.gpu_operator",
 }
 LOCAL_ONLY = {"hami", "kueue"}

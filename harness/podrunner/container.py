@@ -205,7 +205,9 @@ def rewrite_paths(text: str, mounts: Sequence[Mount]) -> str:
     """Replace each mount path that starts at a path boundary with its host directory."""
     for mount in sorted(mounts, key=lambda m: len(m.mount_path), reverse=True):
         path = mount.mount_path.rstrip("/") or "/"
-        pattern = re.compile(r"(?<![^=:,\s\"'])" + re.escape(path) + r"(?=$|[/=:,\s\"'])")
+        # at the start, after = : , a quote or a space, or as a file:// URI's path
+        start = r"(?:(?<![^=:,\s\"'])|(?<=://))"
+        pattern = re.compile(start + re.escape(path) + r"(?=$|[/=:,\s\"'])")
         text = pattern.sub(lambda _m, host=mount.host_path: host, text)
     return text
 

@@ -3,8 +3,9 @@ configmap, secret, projected, downwardapi).
 
 Every simulated node has a root of its own, ``<cluster>/nodes/<node>/rootfs``: a
 ``hostPath`` volume is that path under it (what the node's filesystem is on kind), except
-kubelet's device-plugin directory, which stays short as ``<cluster>/nodes/<node>/device-plugins``
-because a unix socket path may not exceed 107 bytes. The other volume types are written
+kubelet's directory ``/var/lib/kubelet``, which is ``<cluster>/nodes/<node>`` itself (the
+node agent's root: its config, and device-plugins/ whose unix socket paths may not
+exceed 107 bytes). The other volume types are written
 under the pod's own directory, ``<cluster>/pods/<namespace>_<name>_<uid>/volumes/<volume>``,
 and rewritten when their source changes (configMap, secret, projected token refresh).
 """
@@ -24,7 +25,8 @@ from harness.podrunner.container import ContainerError, Mount, field_value
 
 Obj = dict[str, Any]
 
-DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_DIR = "/var/lib/kubelet"
+DEVICE_PLUGIN_DIR = f"{KUBELET_DIR}/device-plugins"
 SUPPORTED = ("hostPath", "emptyDir", "configMap", "secret", "projected", "downwardAPI")
 # kubelet asks for 1 h + 7 s and refreshes at 80 % of the lifetime
 DEFAULT_TOKEN_SECONDS = 3607
@@ -47,11 +49,17 @@ class VolumeAPI(Protocol):
 def host_path(cluster_dir: Path, node: str, path: str) -> Path:
     """Where a node's ``path`` lives on the host."""
     clean = "/" + path.strip("/")
-    if clean == DEVICE_PLUGIN_DIR or clean.startswith(DEVICE_PLUGIN_DIR + "/"):
-        rest = clean[len(DEVICE_PLUGIN_DIR) :].lstrip("/")
-        base = cluster_dir / "nodes" / node / "device-plugins"
+    if clean == KUBELET_DIR or clean.startswith(KUBELET_DIR + "/"):
+        rest = clean[len(KUBELET_DIR) :].lstrip("/")
+        base = kubelet_root(cluster_dir, node)
         return base / rest if rest else base
     return node_root(cluster_dir, node) / clean.lstrip("/")
+
+
+def kubelet_root(cluster_dir: Path, node: str) -> Path:
+    """The node's /var/lib/kubelet: the node's own directory, a short path, since the
+    device plugins' unix sockets live in its device-plugins/ (at most 107 bytes)."""
+    return cluster_dir / "nodes" / node
 
 
 def _check_host_path(path: Path, kind: str) -> None:

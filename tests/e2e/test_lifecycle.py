@@ -40,29 +40,30 @@ def test_up_then_down_leaves_no_process_and_no_port() -> None:
             "kube-scheduler",
             "kwok",
             "pod-runner",
+            "node-agent-t4",  # kubelet's device manager of the one GPU node
         }
         assert all(pid_alive(p.pid, p.exe) for p in procs)
         assert local.running()
     finally:
         local.down(print)
     assert not any(pid_alive(p.pid, p.exe) for p in procs)
-    assert not any(port_in_use(port) for port in SPEC["ports"].values())
+    assert not any(port_in_use(port) for port in parse(SPEC).ports.values())
     assert local.processes() == []
 
 
 def test_port_in_use_is_one_line_and_starts_nothing() -> None:
     spec = parse({**SPEC, "name": "gpulab-busy"})
     with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", SPEC["ports"]["etcd"]))
+        squatter.bind(("127.0.0.1", spec.ports["etcd"]))  # with $GPULAB_PORT_OFFSET applied
         squatter.listen()
         local = LocalCluster(spec)
         with pytest.raises(HarnessError) as exc:
             local.up(print)
     message = str(exc.value)
-    assert "port 25379 (etcd) on 127.0.0.1 is in use" in message
+    assert f"port {spec.ports['etcd']} (etcd) on 127.0.0.1 is in use" in message
     assert "set ports.etcd" in message and "\n" not in message
     assert local.processes() == []
-    assert not port_in_use(SPEC["ports"]["apiserver"])
+    assert not port_in_use(spec.ports["apiserver"])
 
 
 def test_a_component_dying_at_start_up_is_reported_and_cleaned_up() -> None:
@@ -76,4 +77,4 @@ def test_a_component_dying_at_start_up_is_reported_and_cleaned_up() -> None:
             local.check_alive()
     finally:
         local.down(print)
-    assert not any(port_in_use(port) for port in SPEC["ports"].values())
+    assert not any(port_in_use(port) for port in parse(SPEC).ports.values())

@@ -324,3 +324,20 @@ def test_gpulab_backend_overrides_the_docker_probe(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("GPULAB_BACKEND", "minikube")
     with pytest.raises(HarnessError, match="GPULAB_BACKEND='minikube'"):
         backends.default_backend()
+
+
+def test_kind_config_carries_the_specs_kubelet_settings_and_machine_files(tmp_path: Path) -> None:
+    """The scheduling chapter's kubelets: Topology Manager settings as a kubeadm patch,
+    the lab's machine file (NUMA layout) where the topology updater reads it."""
+    spec = load("scheduling")
+    cfg = kind_config(spec, relative_paths=False, machine_dir=tmp_path)
+    (patch,) = cfg["kubeadmConfigPatches"]
+    kubelet = yaml.safe_load(patch)
+    assert kubelet["kind"] == "KubeletConfiguration"
+    assert kubelet["topologyManagerPolicy"] == "single-numa-node"
+    assert kubelet["reservedSystemCPUs"] == "0"  # the static CPU manager requires it
+    gpu_worker = next(n for n in cfg["nodes"] if n.get("labels", {}).get("gpulab.io/gpu-profile"))
+    machine = tmp_path / f"{gpu_worker['labels']['gpulab.io/spec-node']}.yaml"
+    mount = {"hostPath": str(machine), "containerPath": "/var/lib/kubelet/machine.yaml"}
+    assert {**mount, "readOnly": True} in gpu_worker["extraMounts"]
+    assert "kubeadmConfigPatches" not in kind_config(load("default"))  # kind's defaults

@@ -115,6 +115,7 @@ MOUNTS = [
         ("/tlsx/a", "/tlsx/a"),  # not a path boundary
         ("/other/tls/a", "/other/tls/a"),  # not at the start of a path
         ("a:/tls,/tls/b", "a:/state/pods/p/volumes/tls,/state/pods/p/volumes/tls/b"),
+        ("file:///tls/ca.crt", "file:///state/pods/p/volumes/tls/ca.crt"),
     ],
 )
 def test_mount_paths_are_rewritten_at_path_boundaries(text: str, want: str) -> None:
