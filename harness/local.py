@@ -489,9 +489,9 @@ class LocalCluster(ClusterAPI):
         from kubernetes import client
 
         core = client.CoreV1Api(self.api())
-        # With an addon that deploys a device plugin (device-plugin, or the GPU Operator's)
-        # the node agent advertises the GPUs, as kubelet does
-        static = not {"device-plugin", "gpu-operator"} & set(self.spec.addons)
+        # With an addon that deploys a device plugin the node agent advertises the GPUs,
+        # as kubelet does
+        static = not addons.DEVICE_PLUGINS & set(self.spec.addons)
         for node in self.spec.nodes:
             core.create_node(node_object(node, static_gpus=static))
         gpus = sum(1 for n in self.spec.nodes if n.profile)

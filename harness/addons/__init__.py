@@ -25,6 +25,9 @@ ADDONS = {
     "gpu-operator": "harness.addons.gpu_operator",
 }
 LOCAL_ONLY = {"hami", "kueue"}
+# addons that deploy a device plugin: their nodes start without GPU capacity (kubelet
+# learns it from the plugin's ListAndWatch)
+DEVICE_PLUGINS = {"device-plugin", "hami", "gpu-operator"}
 
 
 def start(name: str, backend: Any, progress: Callable[[str], None]) -> None:
