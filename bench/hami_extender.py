@@ -51,7 +51,7 @@ from gpulab.fakegpu import profiles
 from gpulab.hami import annotations as ha
 from gpulab.hami import filter as filter_mod
 from gpulab.hami.cluster import KubeCluster
-from gpulab.hami.events import EventRecorder, SchedulerEvents
+from gpulab.hami.events import SchedulerEvents
 from gpulab.hami.fake import FakeCluster
 from gpulab.hami.metrics import ExtenderMetrics
 from gpulab.hami.routes import build_app
@@ -76,11 +76,11 @@ RSS_NODES, RSS_PODS = 500, 4000
 SPEC = {
     "name": "gpulab-bench-hami",
     "ports": {
-        "apiserver": 39443,
-        "etcd": 35379,
-        "etcdPeer": 35380,
-        "controllerManager": 33257,
-        "scheduler": 33259,
+        "apiserver": 10443,
+        "etcd": 10379,
+        "etcdPeer": 10380,
+        "controllerManager": 10257,
+        "scheduler": 10259,
     },
     "addons": ["hami"],
     "nodes": [
@@ -108,17 +108,18 @@ def profile_gpus(node: str, profile: str) -> list[GPUInfo]:
 
 
 class _Discard:
-    """An Event sink that drops what it is given (the recorder still builds each Event)."""
+    """events.k8s.io as the Tracer calls it, dropping what it is given."""
 
-    def create(self, namespace: str, body: Obj) -> None:
+    def create_namespaced_event(self, namespace: str, event: object) -> None:
         pass
 
-    def patch(self, namespace: str, name: str, body: Obj) -> None:
+    def patch_namespaced_event(self, name: str, namespace: str, body: Obj) -> None:
         pass
 
 
 def _quiet_scheduler(cluster: FakeCluster) -> Scheduler:
-    events = SchedulerEvents(EventRecorder(_Discard(), "bench"), "hami-scheduler", io.StringIO())
+    events = SchedulerEvents(None, "bench", io.StringIO())
+    events.trace._events = _Discard()  # the Tracer still builds and aggregates each Event
     return Scheduler(cluster, SchedulerConfig(scheduler_name="hami-scheduler"), events)
 
 

@@ -92,7 +92,7 @@ def pair_scores(gpus: Sequence[GPUInfo]) -> dict[str, dict[str, int]]:
             if a.index == b.index:
                 continue
             path = SAME_CPU if a.numa_node == b.numa_node else CROSS_CPU
-            row[b.uuid] = path + NVLINK * a.nvlink_peers.count(b.index)
+            row[b.uuid] = path + NVLINK * a.nvlinks.get(b.index, 0)
         scores[a.uuid] = row
     return scores
 

@@ -57,9 +57,7 @@ def bind(s: Scheduler, args: Any) -> dict[str, str]:
             s.take_pod(uid)  # cleanupStalePodAllocation
         return {"Error": f'pod "{name}" not found'}
     if s.listers.node(node) is None:
-        s.events.hami(
-            ref, ev.BINDING_FAILED, f"failed to get node {node}", action="Bind", warning=True
-        )
+        s.events.hami(ref, ev.BINDING_FAILED, f"failed to get node {node}", warning=True)
         with s.lock:
             s.take_pod(str(meta(pod).get("uid", "")))
         return {"Error": f'node "{node}" not found'}
@@ -72,7 +70,7 @@ def bind(s: Scheduler, args: Any) -> dict[str, str]:
             reason = str(exc) or f"Filter's annotations not written within {FILTER_WRITE_WAIT:g}s"
             with s.lock:
                 s.take_pod(str(meta(pod).get("uid", "")))
-            s.events.hami(ref, ev.BINDING_FAILED, reason, action="Bind", warning=True)
+            s.events.hami(ref, ev.BINDING_FAILED, reason, warning=True)
             s.events.step("Bind", ref, f"binding to {node} failed: {reason}", warning=True)
             return {"Error": reason}
     locks = needs_lock(s, pod)
@@ -98,14 +96,13 @@ def bind(s: Scheduler, args: Any) -> dict[str, str]:
     except ClusterError as exc:
         if locks:
             _release(s, node, ns, name)
-        s.events.hami(ref, ev.BINDING_FAILED, str(exc), action="Bind", warning=True)
+        s.events.hami(ref, ev.BINDING_FAILED, str(exc), warning=True)
         s.events.step("Bind", ref, f"binding to {node} failed: {exc}", warning=True, node=node)
         return {"Error": str(exc)}
     s.events.hami(
         ref,
         ev.BINDING_SUCCEED,
         f"Successfully binding node [{node}] to {ns}/{name}",
-        action="Bind",
         warning=False,
     )
     s.events.step("Bind", ref, f"bound to {node}", node=node)

@@ -106,7 +106,7 @@ def filter(s: Scheduler, args: Any) -> dict[str, Any]:
         opts = options_for(annos, s.cfg.node_policy, s.cfg.gpu_policy)
     except PolicyError as exc:
         message = f"calcScore failed {exc} for pod {ref.name}"
-        s.events.hami(ref, ev.FILTERING_FAILED, message, action="Filter", warning=True)
+        s.events.hami(ref, ev.FILTERING_FAILED, message, warning=True)
         s.events.step("Filter", ref, message, warning=True)
         return result(error=message)
     n_init = len(container_lists(pod)[0])
@@ -148,7 +148,7 @@ def filter(s: Scheduler, args: Any) -> dict[str, Any]:
         f"find fit node({chosen.node}), {len(names) - len(fits)} nodes not fit, {len(fits)} "
         f"nodes fit({','.join(f'{r.node}:{r.score:.2f}' for r in fits)})"
     )
-    s.events.hami(ref, ev.FILTERING_SUCCEED, success, action="Filter", warning=False)
+    s.events.hami(ref, ev.FILTERING_SUCCEED, success, warning=False)
     s.events.step(
         "Filter",
         ref,
@@ -164,7 +164,7 @@ def _not_recorded(s: Scheduler, uid: str, ref: Any, exc: Exception) -> None:
     """The decision could not be written: give the cards back."""
     with s.lock:
         s.take_pod(uid)
-    s.events.hami(ref, ev.FILTERING_FAILED, str(exc), action="Filter", warning=True)
+    s.events.hami(ref, ev.FILTERING_FAILED, str(exc), warning=True)
     s.events.step("Filter", ref, f"could not record the decision: {exc}", warning=True)
 
 
@@ -263,9 +263,9 @@ def _no_fit(
                 by_reason[reason].append(r.node)
     for reason, nodes in sorted(by_reason.items()):
         note = f"{len(nodes)} nodes {reason}({','.join(sorted(nodes))})"
-        s.events.hami(ref, ev.FILTERING_FAILED, note, action="Filter", warning=True)
+        s.events.hami(ref, ev.FILTERING_FAILED, note, warning=True)
     message = f"no available node, {len(names)} nodes do not meet"
-    s.events.hami(ref, ev.FILTERING_FAILED, message, action="Filter", warning=True)
+    s.events.hami(ref, ev.FILTERING_FAILED, message, warning=True)
     reasons = "; ".join(f"{r.node}: {r.reason}" for r in results if not r.fit)
     s.events.step(
         "Filter", ref, f"no node fits: {reasons or 'no candidate nodes'}"[:1000], warning=True

@@ -31,7 +31,7 @@ from gpulab.hami import annotations as ann
 from gpulab.hami.cluster import Cluster, ClusterError, Listers
 from gpulab.hami.config import SCHEDULER_NAME, NvidiaConfig
 from gpulab.hami.device import as_int64, container_lists
-from gpulab.hami.events import EventRecorder, SchedulerEvents
+from gpulab.hami.events import SchedulerEvents
 from gpulab.hami.nodelock import DEFAULT_RETRY_TIMEOUT, DEFAULT_TIMEOUT, MUTEXES
 from gpulab.hami.nodes import NodeManager
 from gpulab.hami.pods import PodInfo, PodManager, app_only_usage, collapse_init_usage
@@ -197,9 +197,7 @@ class Scheduler:
     ) -> None:
         self.cluster = cluster
         self.cfg = cfg
-        self.events = events or SchedulerEvents(
-            EventRecorder(None, "hami-scheduler"), cfg.scheduler_name
-        )
+        self.events = events or SchedulerEvents(None)
         self.clock = clock
         # One lock over pods, nodes and quotas: Filter reads usage and reserves under it,
         # so two Filters never hand out the same memory.

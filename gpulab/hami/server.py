@@ -23,7 +23,7 @@ import uvicorn
 from prometheus_client import start_http_server
 
 from gpulab.hami.cluster import ClusterError, KubeCluster, start_informers
-from gpulab.hami.events import ApiSink, EventRecorder, SchedulerEvents
+from gpulab.hami.events import SchedulerEvents
 from gpulab.hami.metrics import ExtenderMetrics
 from gpulab.hami.routes import build_app
 from gpulab.hami.scheduler import Scheduler, SchedulerConfig
@@ -134,11 +134,8 @@ def start(opts: ServerOptions) -> None:
     api = api_client(opts.kubeconfig)
     cluster = KubeCluster(api)
     stop = threading.Event()
-    recorder = EventRecorder(ApiSink(api), f"hami-scheduler-{socket.gethostname()}")
-    recorder.start(stop)
-    scheduler = Scheduler(
-        cluster, opts.scheduler, SchedulerEvents(recorder, opts.scheduler.scheduler_name)
-    )
+    events = SchedulerEvents(api, f"hami-scheduler-{socket.gethostname()}")
+    scheduler = Scheduler(cluster, opts.scheduler, events)
     _thread(scheduler.run_register_loop, stop, name="register-nodes")
     try:
         listers, informers = start_informers(api, scheduler, INFORMER_SYNC)

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from harness.addons.device_plugin import GPULAB
 from harness.apply import MANIFESTS, apply
 from harness.errors import HarnessError
-from harness.local import ProcessRecord, pid_alive
+from harness.local import GPULAB, ProcessRecord, pid_alive
 from harness.ports import free_port
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
     cluster.issue_serving_cert(CERT_STEM, SERVICE)
     port = free_port()
     start_controller(cluster, port)
-    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform())
+    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform(dry_run_workloads=True))
     progress(f"kueue: controller on 127.0.0.1:{port}, CRDs and Job webhook registered")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from kubernetes.client import ApiClient
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,11 +30,12 @@ from gpulab.deviceplugin.hami import HamiAllocator
 from gpulab.deviceplugin.rm import Device
 from gpulab.hami import annotations as ann
 from gpulab.hami import bind as bind_mod
+from gpulab.hami import events as ev
 from gpulab.hami import filter as filter_mod
 from gpulab.hami import nodelock
 from gpulab.hami.cluster import ClusterError
 from gpulab.hami.commands import explain_rows
-from gpulab.hami.events import EventRecorder, SchedulerEvents
+from gpulab.hami.events import SchedulerEvents
 from gpulab.hami.fake import FakeCluster
 from gpulab.hami.filter import FILTER_RESULT
 from gpulab.hami.metrics import ExtenderMetrics
@@ -41,12 +43,13 @@ from gpulab.hami.routes import build_app
 from gpulab.hami.scheduler import Scheduler, SchedulerConfig
 from gpulab.hami.server import listen
 from gpulab.hami.webhook import WebhookConfig
-from gpulab.trace import ObjectRef, Tracer
+from gpulab.trace import Tracer
 from gpulab.wait import wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hami"
 RESULT_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 CANDIDATES = ["gpu-node-1", "gpu-node-2", "cpu-node"]
+HAMI_REASONS = {ev.FILTERING_FAILED, ev.FILTERING_SUCCEED, ev.BINDING_FAILED, ev.BINDING_SUCCEED}
 
 
 def fixture(name: str) -> Any:
@@ -54,16 +57,16 @@ def fixture(name: str) -> Any:
 
 
 class Sink:
-    """events.k8s.io/v1 writes, in memory."""
+    """events.k8s.io/v1 as the Tracer calls it (EventsV1Api), in memory."""
 
     def __init__(self) -> None:
         self.created: list[dict[str, Any]] = []
         self.patched: list[tuple[str, dict[str, Any]]] = []
 
-    def create(self, namespace: str, body: dict[str, Any]) -> None:
-        self.created.append(body)
+    def create_namespaced_event(self, namespace: str, event: Any) -> None:
+        self.created.append(ApiClient().sanitize_for_serialization(event))
 
-    def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+    def patch_namespaced_event(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         self.patched.append((name, body))
 
     def reasons(self, pod: str) -> list[str]:
@@ -84,11 +87,9 @@ class World:
             self.cluster.add_node(node)
         self.log = io.StringIO()
         self.sink = Sink()
-        self.recorder = EventRecorder(self.sink, "hami-scheduler-test")
-        cfg = cfg or SchedulerConfig()
-        self.scheduler = Scheduler(
-            self.cluster, cfg, SchedulerEvents(self.recorder, cfg.scheduler_name, stream=self.log)
-        )
+        self.events = SchedulerEvents(None, "hami-scheduler-test", stream=self.log)
+        self.events.trace._events = self.sink  # the Tracer's events.k8s.io client
+        self.scheduler = Scheduler(self.cluster, cfg or SchedulerConfig(), self.events)
         self.metrics = ExtenderMetrics(self.scheduler)
         self.app = build_app(
             self.scheduler, webhook or WebhookConfig(scheduler_name="hami-scheduler"), self.metrics
@@ -134,7 +135,9 @@ class World:
         )
 
     def steps(self) -> list[str]:
-        return [json.loads(line)["step"] for line in self.log.getvalue().splitlines()]
+        """The lab's call-chain steps logged (HAMi's own Event reasons left out)."""
+        lines = (json.loads(line)["step"] for line in self.log.getvalue().splitlines())
+        return [step for step in lines if step not in HAMI_REASONS]
 
     def allocate(self, node: str = "gpu-node-1") -> None:
         """The device plugin's Allocate on ``node``: one container, its first share."""
@@ -239,10 +242,10 @@ def test_filter_picks_one_node_and_writes_the_allocation(serve: Any) -> None:
     rows = explain_rows(record)
     assert rows[0][:2] == ("★ gpu-node-1", "yes") and rows[0][4] == "GPU-gpu-node-1-00"
     assert ("cpu-node", "no", "node unregistered", "", "") in rows
-    world.recorder.flush()
+    world.events.flush()
     assert world.sink.reasons("vgpu-a") == ["FilteringSucceed", "Filter"]
     succeed = next(e for e in world.sink.created if e["reason"] == "FilteringSucceed")
-    assert succeed["reportingController"] == "hami-scheduler"
+    assert succeed["reportingController"] == "gpulab.io/hami-scheduler"
     fits = "gpu-node-2:0.00,gpu-node-1:0.00"  # sorted as upstream: the chosen node last
     assert succeed["note"] == f"find fit node(gpu-node-1), 1 nodes not fit, 2 nodes fit({fits})"
 
@@ -265,7 +268,7 @@ def test_bind_takes_the_node_lock_and_leaves_it_for_allocate(serve: Any) -> None
         world.node_lock() is None
         and world.annotations("vgpu-a")[ann.BIND_PHASE] == ann.BIND_SUCCESS
     )
-    world.recorder.flush()
+    world.events.flush()
     assert "BindingSucceed" in world.sink.reasons("vgpu-a")
 
 
@@ -283,7 +286,7 @@ def test_a_second_pod_on_a_locked_node_fails_at_once_until_allocate_releases() -
     assert world.cluster.bindings == [("default", "first", "gpu-node-1")]
     world.allocate()  # the device plugin allocates "first" and releases the lock
     assert bind_mod.bind(world.scheduler, bind_args(second, "gpu-node-1")) == {"Error": ""}
-    world.recorder.flush()
+    world.events.flush()
     assert "BindingFailed" in world.sink.reasons("second")
 
 
@@ -363,14 +366,13 @@ def test_an_unschedulable_pod_writes_one_event_series_not_one_per_retry(serve: A
     # the record is written once; an unchanged pod stays in kube-scheduler's unschedulable queue
     assert world.cluster.calls.count("patch pod") == patches + 1
     assert json.loads(world.annotations("huge")[FILTER_RESULT])["chosen"] is None
-    world.recorder.flush()
-    assert world.sink.reasons("huge") == ["FilteringFailed", "Filter"]
+    world.events.flush()
+    # one series per distinct note (two candidate sets), not one Event per retry
+    assert world.sink.reasons("huge") == ["FilteringFailed", "Filter"] * 2
     assert {name for name, _ in world.sink.patched} == {
         e["metadata"]["name"] for e in world.sink.created if e["regarding"]["name"] == "huge"
     }
-    ref = ObjectRef("Pod", "huge", "default", "uid-huge")
-    assert world.recorder.series_count(ref, "FilteringFailed") == 20
-    assert world.recorder.series_count(ref, "Filter") == 20
+    assert all(body["series"]["count"] == 2 for _, body in world.sink.patched)
 
 
 def test_a_stale_assignment_is_dropped_when_nothing_fits() -> None:
@@ -411,7 +413,7 @@ def test_an_unknown_policy_is_reported_not_defaulted(serve: Any) -> None:
         "calcScore failed unknown hami.io/gpu-scheduler-policy 'topology'"
     )
     assert ann.ASSIGNED_NODE not in world.annotations("p")
-    world.recorder.flush()
+    world.events.flush()
     assert "FilteringFailed" in world.sink.reasons("p")
 
 
@@ -555,7 +557,7 @@ def test_restarted_extender_rebuilds_usage_from_pod_annotations() -> None:
     fresh = Scheduler(
         world.cluster,
         SchedulerConfig(),
-        SchedulerEvents(EventRecorder(None, "t"), "t", io.StringIO()),
+        SchedulerEvents(None, "t", io.StringIO()),
     )
     world.cluster.connect(fresh)
     fresh.register()

@@ -7,6 +7,7 @@ sample using a field our schema lacks (which the API server would prune) fails h
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import yaml
 
 from gpulab.kueue import conversion
 from gpulab.kueue.webhook import CONVERT_PATH, MUTATE_JOB_PATH
+from harness import pki
 from harness.addons import kueue as addon
 from harness.apply import LocalTransform, load_documents
 
@@ -205,14 +207,15 @@ def test_unknown_flavor_fixture_is_accepted_by_schema() -> None:
         assert validate_doc(doc) == []
 
 
-def test_local_transform_points_every_webhook_at_the_controller() -> None:
+def test_local_transform_points_every_webhook_at_the_controller(tmp_path: Path) -> None:
     """What the addon applies (manifests/kueue minus samples/) through the local transform."""
-    transform = LocalTransform(b"PEM", {addon.SERVICE: 9443})
+    ca = pki.create_ca(tmp_path)
+    transform = LocalTransform(ca, tmp_path, None, {addon.SERVICE: 9443}, dry_run_workloads=True)
     hooks = {}
     for doc in load_documents([addon.MANIFEST_DIR]):
         assert doc["apiVersion"].split("/")[0] != "kueue.x-k8s.io"  # no samples
         out, dry_run = transform(doc)
-        assert dry_run == (doc["kind"] in ("Deployment", "Service"))
+        assert dry_run == (doc["kind"] == "Deployment")
         if doc["kind"] == "CustomResourceDefinition":
             hooks[doc["metadata"]["name"]] = out["spec"]["conversion"]["webhook"]["clientConfig"]
         if doc["kind"] == "MutatingWebhookConfiguration":
@@ -220,7 +223,8 @@ def test_local_transform_points_every_webhook_at_the_controller() -> None:
     assert len(hooks) == 5
     for name, cfg in hooks.items():
         path = MUTATE_JOB_PATH if name == "mjob.kb.io" else CONVERT_PATH
-        assert cfg == {"url": f"https://127.0.0.1:9443{path}", "caBundle": "UEVN"}, name
+        bundle = base64.b64encode(ca.cert.read_bytes()).decode()
+        assert cfg == {"url": f"https://127.0.0.1:9443{path}", "caBundle": bundle}, name
 
 
 def test_webhook_rbac_and_deployment() -> None:

@@ -25,7 +25,7 @@ from gpulab.trace import Tracer
 
 NODE = "n1"
 GPUS = [
-    GPUInfo(0, "GPU-a", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 0, 1, nvlink_peers=(1,)),
+    GPUInfo(0, "GPU-a", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 0, 1, nvlinks={1: 1}),
     GPUInfo(1, "GPU-b", "Tesla T4", 15360, (7, 5), 1, None),
 ]
 
@@ -52,8 +52,8 @@ def test_bad_registrations_are_errors(bad: str) -> None:
 
 def test_pair_scores_add_the_pcie_path_and_nvlinks() -> None:
     gpus = [
-        GPUInfo(0, "GPU-0", "A100", 1, (8, 0), 0, 0, nvlink_peers=(1,)),
-        GPUInfo(1, "GPU-1", "A100", 1, (8, 0), 1, 0, nvlink_peers=(0,)),
+        GPUInfo(0, "GPU-0", "A100", 1, (8, 0), 0, 0, nvlinks={1: 1}),
+        GPUInfo(1, "GPU-1", "A100", 1, (8, 0), 1, 0, nvlinks={0: 1}),
         GPUInfo(2, "GPU-2", "A100", 1, (8, 0), 2, 1),
     ]
     scores = pair_scores(gpus)
