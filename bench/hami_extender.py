@@ -64,7 +64,8 @@ from gpulab.informer import Delta, ListWatch, follow
 from gpulab.trace import Tracer
 from gpulab.wait import wait_for
 from harness.addons import hami as hami_addon
-from harness.local import LocalCluster
+from harness.apply import MANIFESTS, load_documents
+from harness.backends import SYSTEM_NAMESPACE, Backend, get_backend, pod_ready
 from harness.spec import parse
 
 NODE_COUNTS = (10, 100, 500)
@@ -298,10 +299,15 @@ class Kubelets:
         self._api = api
 
     def register(self, nodes: dict[str, list[GPUInfo]]) -> None:
-        """Each node's plugin writes its ``hami.io/node-nvidia-register`` (RegisterInAnnotation)."""
+        """Each node advertises its vGPU shares (kubelet after ListAndWatch) and its plugin
+        writes its ``hami.io/node-nvidia-register`` (RegisterInAnnotation)."""
         cluster = KubeCluster(self._api)
         tracer = Tracer("device-plugin", None, stream=io.StringIO())
+        core = client.CoreV1Api(self._api)
         for node, gpus in nodes.items():
+            shares = str(len(gpus) * ha.DEFAULT_SPLIT_COUNT)  # what ListAndWatch advertises
+            gpu = {"nvidia.com/gpu": shares}
+            core.patch_node_status(node, {"status": {"capacity": gpu, "allocatable": gpu}})
             HamiRegistrar(
                 self._api, node, gpus, lambda _u: True, ha.DEFAULT_SPLIT_COUNT, tracer, cluster
             ).RegisterInAnnotation()
@@ -460,11 +466,34 @@ def _vgpu_pod(name: str, node_policy: str | None) -> Obj:
     return pod
 
 
-def _restart_extender(local: LocalCluster, metrics_url: str, cards: int, flag: str) -> None:
-    rec = next(p for p in local.processes() if p.name == hami_addon.EXTENDER)
-    local.stop_process(hami_addon.EXTENDER)
-    hami_addon.start_extender(local, rec.ports[0], rec.ports[1], extra=[flag])
-    local.wait_http(f"https://127.0.0.1:{rec.ports[0]}/readyz", "restarted extender")
+def _restart_extender(backend: Backend, metrics_url: str, cards: int, flag: str) -> None:
+    """Roll the hami-scheduler Deployment out with ``flag`` added to the extender's
+    command (the manifest's command + the flag), then wait for the new pod to register."""
+    apps = client.AppsV1Api(backend.api())
+    manifest = next(
+        d
+        for d in load_documents([MANIFESTS / "hami" / "deployment.yaml"])
+        if d["kind"] == "Deployment"
+    )
+    ctr = next(
+        c for c in manifest["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"
+    )
+    patch = {"name": "extender", "command": [*ctr["command"], flag]}
+    apps.patch_namespaced_deployment(
+        hami_addon.COMPONENT,
+        SYSTEM_NAMESPACE,
+        {"spec": {"template": {"spec": {"containers": [patch]}}}},
+    )
+
+    def rolled_out() -> bool:
+        pods = backend.component_pods(hami_addon.COMPONENT)
+        return (
+            len(pods) == 1
+            and pod_ready(pods[0])
+            and any(flag in (c.command or []) for c in pods[0].spec.containers)
+        )
+
+    wait_for(rolled_out, 120, f"the hami-scheduler pod with {flag}", 0.5)
     wait_for(
         lambda: (
             httpx.get(metrics_url + "/metrics").text.count("hami_gpu_core_limit_ratio{") == cards
@@ -475,26 +504,24 @@ def _restart_extender(local: LocalCluster, metrics_url: str, cards: int, flag: s
     )
 
 
-def _extender_pid(local: LocalCluster) -> int:
-    return next(p for p in local.processes() if p.name == hami_addon.EXTENDER).pid
-
-
 def throughput(progress: Callable[[str], None] = print) -> Obj:
-    local = LocalCluster(parse(SPEC))
-    local.down(lambda _m: None)
-    local.up(progress)
+    backend = get_backend("local", parse(SPEC))
+    backend.down(lambda _m: None)
+    backend.up(progress)
     kubelets = None
     try:
-        api = local.api()
-        nodes = {n.name: profile_gpus(n.name, n.profile) for n in local.spec.nodes if n.profile}
+        api = backend.api()
+        nodes = {n.name: profile_gpus(n.name, n.profile) for n in backend.spec.nodes if n.profile}
         cards = sum(len(g) for g in nodes.values())
-        urls = demo.extender_urls(local.spec)
-        assert urls is not None
+        ext = hami_addon.extender(backend)
+        assert ext is not None
+        metrics_url = ext.metrics
         kubelets = Kubelets(api, nodes)
         kubelets.register(nodes)
         wait_for(
             lambda: (
-                httpx.get(urls[1] + "/metrics").text.count("hami_gpu_core_limit_ratio{") == cards
+                httpx.get(metrics_url + "/metrics").text.count("hami_gpu_core_limit_ratio{")
+                == cards
             ),
             120,
             f"the extender to register {cards} GPUs",
@@ -512,7 +539,7 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
             )
         }
         for label, policy in (("spread", SPREAD), ("binpack", None)):
-            probe = ExtenderProbe(urls[1], _extender_pid(local))
+            probe = ExtenderProbe(metrics_url, hami_addon.extender_pid(backend))
             runs[label] = _schedule(
                 api,
                 f"bench-{label}",
@@ -527,8 +554,8 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
             ("binpack_wait", "--gpulab-lock-retry-all", None),
             ("spread_async", "--gpulab-async-filter-patch", SPREAD),
         ):
-            _restart_extender(local, urls[1], cards, flag)
-            probe = ExtenderProbe(urls[1], _extender_pid(local))
+            _restart_extender(backend, metrics_url, cards, flag)
+            probe = ExtenderProbe(metrics_url, hami_addon.extender_pid(backend))
             runs[label] = _schedule(
                 api,
                 f"bench-{label.replace('_', '-')}",
@@ -543,7 +570,7 @@ def throughput(progress: Callable[[str], None] = print) -> Obj:
     finally:
         if kubelets is not None:
             kubelets.stop()
-        local.down(lambda _m: None)
+        backend.down(lambda _m: None)
 
 
 def run() -> Obj:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import ssl
 import threading
 import time
 from collections import defaultdict
@@ -35,7 +34,7 @@ from demos.common import (
     LiveTrace,
     chapter,
     console,
-    ensure_cluster,
+    ensure_backend,
     fresh_namespace,
     ok,
     say,
@@ -47,9 +46,8 @@ from gpulab.hami.score import BINPACK, GPU_POLICY_ANNOTATION, SPREAD
 from gpulab.informer import NODES, ListWatch, follow
 from gpulab.nodeagent.policy import ANNOTATION_PREFIX
 from gpulab.wait import wait_for
-from harness.addons.hami import EXTENDER
-from harness.local import LocalCluster
-from harness.spec import ClusterSpec
+from harness.addons import hami as hami_addon
+from harness.backends import Backend, pod_ready
 
 NAMESPACE = "demo-hami"
 IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
@@ -147,19 +145,6 @@ def failed_scheduling(api: client.ApiClient, ns: str, name: str) -> str | None:
     )
     latest = max(events.items, key=lambda e: e.last_timestamp or e.event_time, default=None)
     return latest.message if latest else None
-
-
-def extender_urls(spec: ClusterSpec) -> tuple[str, str, Path] | None:
-    """(routes URL, metrics URL, CA file) of the local extender process; None elsewhere."""
-    local = LocalCluster(spec)
-    rec = next((p for p in local.processes() if p.name == EXTENDER), None)
-    if rec is None:
-        return None
-    return (
-        f"https://127.0.0.1:{rec.ports[0]}",
-        f"http://127.0.0.1:{rec.ports[1]}",
-        local.pki / "ca.crt",
-    )
 
 
 # ------------------------------------------------------------------------- narration
@@ -264,19 +249,35 @@ def _scene(api: client.ApiClient, policy: str, names: list[str], locks: LockWatc
     return pods
 
 
-def _health_and_metrics(api: client.ApiClient, spec: ClusterSpec, gpu: tuple[str, str]) -> None:
-    urls = extender_urls(spec)
-    if urls is None:
-        say("the extender runs in the hami-scheduler pod here: kubectl port-forward to see it")
+def _scheduler_pod(backend: Backend) -> None:
+    """The hami-scheduler pod as the Deployment runs it: kube-scheduler + extender."""
+    pods = [p for p in backend.component_pods(hami_addon.COMPONENT) if pod_ready(p)]
+    if not pods:
+        raise DemoFailed("no Ready hami-scheduler pod in gpulab-system")
+    pod = pods[0]
+    containers = ", ".join(
+        f"{c.name} ({'Running' if c.state.running else 'not running'})"
+        for c in pod.status.container_statuses or []
+    )
+    say(
+        f"pod gpulab-system/{pod.metadata.name} on {pod.spec.node_name} "
+        f"(IP {pod.status.pod_ip}): {containers}"
+    )
+
+
+def _health_and_metrics(backend: Backend, api: client.ApiClient, gpu: tuple[str, str]) -> None:
+    ext = hami_addon.extender(backend)
+    if ext is None:
+        say("the extender runs in the hami-scheduler pod: kubectl port-forward to see it")
         return
-    routes, metrics, ca = urls
-    with httpx.Client(verify=ssl.create_default_context(cafile=ca), timeout=5) as http:
+    say(f"the extender through its Service hami-scheduler: {ext.routes}, metrics {ext.metrics}")
+    with httpx.Client(verify=ext.ca, timeout=5) as http:
         for path in ("/healthz", "/readyz"):
-            r = http.get(routes + path)
+            r = http.get(ext.routes + path)
             if r.status_code != 200:
                 raise DemoFailed(f"extender {path}: HTTP {r.status_code} {r.text}")
-            ok(f"GET {routes}{path} → {r.status_code} {r.text.strip()[:60]}")
-    text = httpx.get(metrics + "/metrics", timeout=5).text
+            ok(f"GET {ext.routes}{path} → {r.status_code} {r.text.strip()[:60]}")
+    text = httpx.get(ext.metrics + "/metrics", timeout=5).text
     node, uuid = gpu
     lines = [
         line
@@ -306,7 +307,8 @@ def _health_and_metrics(api: client.ApiClient, spec: ClusterSpec, gpu: tuple[str
 def run(args: argparse.Namespace) -> int:
     if args.spec == "default":
         args = argparse.Namespace(**{**vars(args), "spec": SPEC})
-    api, spec = ensure_cluster(args, addons=("hami",))
+    backend, _ = ensure_backend(args, addons=("hami",))
+    api = backend.api()
     chapter(
         "HAMi (v2.10.0) - sharing GPUs by memory and cores",
         "GPU nodes register their cards in hami.io/node-nvidia-register; the extender's\n"
@@ -315,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
         "hami.io/mutex.lock; the device plugin's Allocate turns the pod's annotations into\n"
         "NVIDIA_VISIBLE_DEVICES and hami-core limits, then releases the lock.",
     )
+    _scheduler_pod(backend)
     gpus = registered_gpus(api)
     if not gpus:
         raise DemoFailed(f"no node has {ha.NODE_REGISTER}: start the device plugins with hami")
@@ -377,5 +380,5 @@ def run(args: argparse.Namespace) -> int:
         f"({sum(1 for *_, taken in locks.seen if taken)} takes, "
         f"{sum(1 for *_, taken in locks.seen if not taken)} releases)"
     )
-    _health_and_metrics(api, spec, (node, uuid))
+    _health_and_metrics(backend, api, (node, uuid))
     return 0

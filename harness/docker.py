@@ -334,15 +334,14 @@ class DockerCluster(ClusterAPI):
 
     def ensure_addon(self, name: str, progress: Progress) -> None:
         """Deploy a chapter's components (manifests/<name>/) on the running cluster."""
-        if name not in addons.LOCAL_ONLY:
-            addons.start(name, self, progress)
-            return
         if name == "hami":
-            # HAMi needs the device plugin in HAMi mode on its nodes; the DaemonSet here
-            # runs the NVIDIA mode, so the chapter has its own local cluster (--spec hami)
+            # not yet tried on kind/k3d: the chapter has its own local cluster (--spec hami)
             raise HarnessError(
                 "the HAMi chapter runs on the local backend (`--backend local --spec hami`)"
             )
+        if name not in addons.LOCAL_ONLY:
+            addons.start(name, self, progress)
+            return
         self._apply([name], progress)
 
     def _apply(self, dirs: list[str], progress: Progress) -> None:

@@ -1,124 +1,132 @@
-"""Addon ``hami``: the HAMi scheduler as HAMi deploys it — a second kube-scheduler named
-``hami-scheduler`` whose extender (``gpulab extender``) filters and binds vGPU pods, and
-the extender's mutating webhook that sends GPU pods to it.
+"""Addon ``hami``: the HAMi chapter as HAMi's chart deploys it, on every backend.
 
-On kind this is the Deployment in ``manifests/hami/`` (stock kube-scheduler image + the
-extender container in one pod). Here both are host processes: the upstream kube-scheduler
-binary with the ConfigMap's KubeSchedulerConfiguration (urlPrefix pointed at the host
-process, the cluster CA instead of ``insecure``), and the extender serving HTTPS with a
-certificate from the cluster CA. Needs the ``device-plugin`` addon with ``hami: true`` on
-the GPU nodes (their devices registry comes from the plugins' node annotations).
+Applies ``manifests/hami/``: the HAMi device plugin DaemonSet (nodes labelled ``gpu=on``),
+the ``hami-scheduler`` Deployment (the stock kube-scheduler with the ``hami-scheduler``
+profile and the extender container ``gpulab extender`` in one pod), its Service, RBAC,
+ConfigMaps and the mutating webhook. On the local backend the pod runner runs both
+containers (kube-scheduler through the adapter in harness/pod-images.yaml; the extender's
+``urlPrefix`` https://127.0.0.1:9443 becomes the pod's own address by the runner's
+loopback rule) and the webhook calls the Service's address with the
+``hami-scheduler-tls`` certificate the apply step creates. Returns once the nodes
+advertise their vGPU shares, the scheduler pod is Ready and the extender has registered
+every GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+import base64
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
 
-import yaml
+import httpx
+from kubernetes import client
 
-from harness import binaries
+from gpulab.fakegpu import profiles
+from gpulab.wait import WaitTimeout, wait_for
 from harness.addons import device_plugin
-from harness.apply import MANIFESTS, apply, load_documents
-from harness.local import GPULAB
-from harness.ports import free_port
-
-if TYPE_CHECKING:
-    from harness.local import LocalCluster
+from harness.apply import MANIFESTS
+from harness.backends import SYSTEM_NAMESPACE, Backend
+from harness.errors import HarnessError
+from harness.podrunner.network import service_address
 
 Progress = Callable[[str], None]
-SERVICE = "hami-scheduler"  # the Service the webhook names in manifests/hami
-SCHEDULER_NAME = "hami-scheduler"
-EXTENDER = "hami-extender"  # its ProcessRecord: ports [routes, metrics]
+COMPONENT = "hami-scheduler"  # the Deployment, its pods' app.kubernetes.io/name, the Service
+WEBHOOK = "gpulab-hami-webhook"
+DEVICE_PLUGIN = "hami-device-plugin"
+READY_TIMEOUT = 120.0
+METRIC_PER_GPU = "hami_gpu_core_limit_ratio"
 
 
-def start(cluster: LocalCluster, progress: Progress) -> None:
-    port, metrics_port, scheduler_port = free_port(), free_port(), free_port()
-    start_extender(cluster, port, metrics_port)
-    cluster.wait_http(f"https://127.0.0.1:{port}/readyz", "hami extender")
-    config = cluster.dir / "hami-scheduler-config.yaml"
-    config.write_text(yaml.safe_dump(scheduler_config(cluster, port), sort_keys=False))
-    cluster.start_process(
-        SCHEDULER_NAME,
-        [
-            str(binaries.binary("kube-scheduler")),
-            f"--config={config}",
-            f"--authentication-kubeconfig={cluster.dir / 'scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={cluster.dir / 'scheduler.kubeconfig'}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={scheduler_port}",
-        ],
-        ports=[scheduler_port],
+def start(backend: Backend, progress: Progress) -> None:
+    backend.apply([MANIFESTS / "hami"], progress)
+    nodes = [n for n in backend.spec.nodes if n.profile and n.device_plugin.hami]
+    device_plugin.wait_advertised(backend, nodes, progress, DEVICE_PLUGIN)
+    wait_ready(backend, progress)
+    wait_registered(backend, sum(len(profiles.load(n.profile).gpus) for n in nodes), progress)
+
+
+def wait_ready(backend: Backend, progress: Progress) -> None:
+    """Until the hami-scheduler pod (kube-scheduler + extender) is Ready."""
+    apps = client.AppsV1Api(backend.api())
+
+    def ready() -> bool:
+        status = apps.read_namespaced_deployment(COMPONENT, SYSTEM_NAMESPACE).status
+        return bool(status.ready_replicas) and not status.unavailable_replicas
+
+    try:
+        wait_for(ready, READY_TIMEOUT, f"the {COMPONENT} Deployment to be Ready", 0.25)
+    except WaitTimeout:
+        raise HarnessError(
+            f"Deployment {SYSTEM_NAMESPACE}/{COMPONENT} not Ready after {READY_TIMEOUT:g}s; "
+            f"see `gpulab kubectl -n {SYSTEM_NAMESPACE} describe pods -l "
+            f"app.kubernetes.io/name={COMPONENT}` and its logs (--all-containers)"
+        ) from None
+    progress(f"hami: {COMPONENT} pod Ready (kube-scheduler + extender), webhook registered")
+
+
+def wait_registered(backend: Backend, gpus: int, progress: Progress) -> None:
+    """Until the extender's books hold ``gpus`` cards (one ``hami_gpu_core_limit_ratio``
+    series each). As upstream, a node whose plugin registers after the extender saw it is
+    picked up by the 15 s ticker, not by the annotation's update: without this wait a
+    demo's first pod could meet nodes still "unregistered"."""
+    ext = extender(backend)
+    if ext is None:
+        return
+
+    def registered() -> int:
+        return httpx.get(ext.metrics + "/metrics", timeout=5).text.count(METRIC_PER_GPU + "{")
+
+    try:
+        wait_for(lambda: registered() == gpus, READY_TIMEOUT, "the extender to register", 0.5)
+    except WaitTimeout:
+        raise HarnessError(
+            f"the extender registered {registered()} of {gpus} GPUs after {READY_TIMEOUT:g}s; "
+            f"see `gpulab kubectl -n {SYSTEM_NAMESPACE} logs -l "
+            f"app.kubernetes.io/name={COMPONENT} -c extender`"
+        ) from None
+    progress(f"hami: the extender registered {gpus} GPUs")
+
+
+@dataclass(frozen=True)
+class Extender:
+    """Where a client outside the cluster reaches the extender: its Service's https port
+    (routes, with the CA of the webhook's caBundle) and metrics port."""
+
+    routes: str
+    metrics: str
+    ca: ssl.SSLContext
+
+
+def extender(backend: Backend) -> Extender | None:
+    """The extender through its Service where the backend serves Service addresses to the
+    host (the local backend's loopback block); None elsewhere (kubectl port-forward)."""
+    block = getattr(backend, "block", None)
+    if block is None:
+        return None
+    api = backend.api()
+    svc = client.CoreV1Api(api).read_namespaced_service(COMPONENT, SYSTEM_NAMESPACE)
+    address = service_address(block, svc.spec.cluster_ip or "")
+    if address is None:
+        return None
+    hook = client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(WEBHOOK)
+    ca = base64.b64decode(hook.webhooks[0].client_config.ca_bundle).decode()
+    ports = {p.name: p.port for p in svc.spec.ports}
+    return Extender(
+        f"https://{address}:{ports['https']}",
+        f"http://{address}:{ports['metrics']}",
+        ssl.create_default_context(cadata=ca),
     )
-    cluster.wait_http(f"https://127.0.0.1:{scheduler_port}/healthz", SCHEDULER_NAME, verify=False)
-    apply(
-        cluster.api(),
-        [MANIFESTS / "hami"],
-        progress,
-        cluster.apply_transform(dry_run_workloads=True),
-    )
-    # HAMi's device plugin runs as pods already (the extender and its scheduler not yet)
-    cluster.apply([MANIFESTS / "hami" / "device-plugin.yaml"], progress)
-    hami_nodes = [n for n in cluster.spec.nodes if n.profile and n.device_plugin.hami]
-    device_plugin.wait_advertised(cluster, hami_nodes, progress, "hami-device-plugin")
-    progress(
-        f"hami: extender on 127.0.0.1:{port} (metrics :{metrics_port}), kube-scheduler "
-        f"{SCHEDULER_NAME!r} on :{scheduler_port}, webhook registered"
-    )
 
 
-def start_extender(
-    cluster: LocalCluster, port: int, metrics_port: int, extra: Sequence[str] = ()
-) -> None:
-    """Start (or restart, after a kill) the extender process on fixed ports with the flags
-    of manifests/hami's Deployment (plus ``extra``), serving a certificate from the cluster
-    CA (the webhook's caBundle and the scheduler trust it)."""
-    cert = cluster.issue_serving_cert("hami-scheduler", SERVICE)
-    config = cluster.dir / "hami-device-config.yaml"
-    config.write_text(device_config())
-    cluster.start_process(
-        EXTENDER,
-        [
-            *GPULAB,
-            "extender",
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            f"--http_bind=127.0.0.1:{port}",
-            f"--cert_file={cert.cert}",
-            f"--key_file={cert.key}",
-            f"--scheduler-name={SCHEDULER_NAME}",
-            f"--metrics-bind-address=127.0.0.1:{metrics_port}",
-            "--node-scheduler-policy=binpack",
-            "--gpu-scheduler-policy=spread",
-            f"--device-config-file={config}",
-            *extra,
-        ],
-        ports=[port, metrics_port],
-        service=SERVICE,
-    )
-
-
-def device_config() -> str:
-    """manifests/hami's hami-scheduler-device ConfigMap, the file the extender reads."""
-    configmap = next(
-        d
-        for d in load_documents([MANIFESTS / "hami" / "device-configmap.yaml"])
-        if d["kind"] == "ConfigMap"
-    )
-    return str(configmap["data"]["device-config.yaml"])
-
-
-def scheduler_config(cluster: LocalCluster, extender_port: int) -> dict[str, Any]:
-    """manifests/hami's KubeSchedulerConfiguration, adapted to host processes."""
-    configmap = next(
-        d
-        for d in load_documents([MANIFESTS / "hami" / "scheduler-config.yaml"])
-        if d["kind"] == "ConfigMap"
-    )
-    config = yaml.safe_load(configmap["data"]["config.yaml"])
-    config["clientConnection"] = {"kubeconfig": str(cluster.dir / "scheduler.kubeconfig")}
-    for extender in config["extenders"]:
-        extender["urlPrefix"] = f"https://127.0.0.1:{extender_port}"
-        # the extender's certificate comes from the cluster CA: verify it instead of insecure
-        extender["tlsConfig"] = {"caFile": str(cluster.pki / "ca.crt")}
-    return config
+def extender_pid(backend: Backend) -> int:
+    """The host process of the running extender container (local backend's pod runner:
+    containerID ``gpulab://<pid>``)."""
+    for pod in backend.component_pods(COMPONENT):
+        if pod.metadata.deletion_timestamp:
+            continue
+        for status in pod.status.container_statuses or []:
+            cid = status.container_id or ""
+            if status.name == "extender" and status.state.running and cid.startswith("gpulab://"):
+                return int(cid.removeprefix("gpulab://"))
+    raise HarnessError(f"no running extender container in a {COMPONENT} pod of this backend")

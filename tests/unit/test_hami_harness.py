@@ -1,21 +1,22 @@
-"""The local backend's HAMi pieces: what HAMi-mode nodes advertise, the hami-scheduler's
-KubeSchedulerConfiguration, the extender's flags in manifests/hami and the addon, the HAMi
-cluster specs, and Allocate on kwok's Running pods."""
+"""The HAMi chapter's deployment pieces: what HAMi-mode nodes advertise, the hami-scheduler's
+KubeSchedulerConfiguration under the pod runner's loopback rule, the extender's flags in
+manifests/hami, the HAMi cluster specs, and Allocate on kwok's Running pods."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import yaml
 
 from gpulab.cli import build_parser
 from gpulab.deviceplugin.hami import waiting_pod
 from gpulab.hami import annotations as ha
 from gpulab.hami.commands import options
 from harness.addons.device_plugin import expected_resources
-from harness.addons.hami import device_config, scheduler_config
 from harness.apply import MANIFESTS, load_documents
+from harness.podrunner.container import rewrite_addresses
 from harness.spec import DEFAULT_PORTS, PORT_OFFSET_ENV, load, parse
 
 NODE = "gpu-t4-0"
@@ -28,15 +29,20 @@ def test_hami_nodes_advertise_split_count_shares_per_gpu() -> None:
     assert expected_resources(parse(spec).nodes[0]) == {"nvidia.com/gpu": 8 * 10}
 
 
-def test_hami_scheduler_config_points_at_the_host_extender_and_trusts_the_cluster_ca() -> None:
-    cluster = SimpleNamespace(dir=Path("/state"), pki=Path("/state/pki"))
-    config = scheduler_config(cluster, 9443)  # type: ignore[arg-type]
+def _doc(name: str, kind: str) -> dict[str, Any]:
+    return next(d for d in load_documents([MANIFESTS / "hami" / name]) if d["kind"] == kind)
+
+
+def test_the_scheduler_calls_the_extender_in_its_own_pod() -> None:
+    config = yaml.safe_load(_doc("scheduler-config.yaml", "ConfigMap")["data"]["config.yaml"])
     assert config["profiles"] == [{"schedulerName": "hami-scheduler"}]
-    assert config["clientConnection"] == {"kubeconfig": "/state/scheduler.kubeconfig"}
     (extender,) = config["extenders"]
-    assert extender["urlPrefix"] == "https://127.0.0.1:9443"
-    assert extender["tlsConfig"] == {"caFile": "/state/pki/ca.crt"}
     assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
+    # the pod runner's loopback rule (its kube-scheduler adapter applies it to urlPrefix):
+    # the extender container binds 0.0.0.0:9443, i.e. the pod's address
+    pod_ip = "127.7.0.5"
+    assert rewrite_addresses(extender["urlPrefix"], pod_ip) == f"https://{pod_ip}:9443"
+    assert rewrite_addresses("--http_bind=0.0.0.0:9443", pod_ip) == f"--http_bind={pod_ip}:9443"
 
 
 def test_hami_specs_run_beside_the_other_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,16 +76,12 @@ def test_allocate_finds_a_pod_kwok_already_marked_running_but_not_a_finished_one
 
 
 def test_the_deployments_extender_flags_are_the_releases(tmp_path: Path) -> None:
-    deployment = next(
-        d
-        for d in load_documents([MANIFESTS / "hami" / "deployment.yaml"])
-        if d["kind"] == "Deployment"
-    )
+    deployment = _doc("deployment.yaml", "Deployment")
     ctr = next(
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"
     )
     config = tmp_path / "device-config.yaml"
-    config.write_text(device_config())
+    config.write_text(_doc("device-configmap.yaml", "ConfigMap")["data"]["device-config.yaml"])
     argv = [
         a if not a.startswith("--device-config-file") else f"--device-config-file={config}"
         for a in ctr["command"][1:]
