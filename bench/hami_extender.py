@@ -60,7 +60,7 @@ from gpulab.hami.score import NODE_POLICY_ANNOTATION, SPREAD
 from gpulab.hami.server import listen
 from gpulab.hami.webhook import WebhookConfig
 from gpulab.informer import PODS as POD_RESOURCE
-from gpulab.informer import Delta, ListWatch, follow
+from gpulab.informer import SYNCED, Delta, ListWatch, follow
 from gpulab.trace import Tracer
 from gpulab.wait import wait_for
 from harness.addons import hami as hami_addon
@@ -326,6 +326,8 @@ class Kubelets:
             self._on(delta)
 
     def _on(self, delta: Delta) -> None:
+        if delta.type == SYNCED:
+            return
         pod = delta.obj
         meta, node = pod["metadata"], (pod.get("spec") or {}).get("nodeName")
         key = f"{meta.get('namespace')}/{meta.get('name')}"

@@ -266,7 +266,11 @@ def _no_fit(
         s.events.hami(ref, ev.FILTERING_FAILED, note, warning=True)
     message = f"no available node, {len(names)} nodes do not meet"
     s.events.hami(ref, ev.FILTERING_FAILED, message, warning=True)
-    reasons = "; ".join(f"{r.node}: {r.reason}" for r in results if not r.fit)
+    # by node name: kube-scheduler's candidate order varies per retry, the note must not
+    # (a repeated note is one Event series)
+    reasons = "; ".join(
+        f"{r.node}: {r.reason}" for r in sorted(results, key=lambda r: r.node) if not r.fit
+    )
     s.events.step(
         "Filter", ref, f"no node fits: {reasons or 'no candidate nodes'}"[:1000], warning=True
     )
