@@ -8,17 +8,19 @@
   The client keeps its connection alive with TCP_NODELAY, as kube-scheduler's Go client
   does; timed by the client. Beside it, the time inside ``filter()`` alone.
 - The whole chain: a dedicated local cluster of 100 kwok nodes (50x 8x A100, 50x 4x T4)
-  with the ``hami`` addon; 500 pods created at once. Plain ``nvidia.com/gpu: 1`` pods on
-  the default scheduler (namespace labelled ``hami.io/webhook=ignore``), timed to all
-  Bound; vGPU pods (``gpu: 1, gpumem: 3000, gpucores: 10``) through the webhook,
-  kube-scheduler ``hami-scheduler`` and the extender's /filter and /bind, with HAMi's lock
-  semantics: Bind takes ``hami.io/mutex.lock`` and only the device plugin's Allocate
-  releases it. 100 plugin + node-agent processes do not fit 2 cores, so this process plays
-  kubelet + device plugin for every node: the plugin's own ``HamiRegistrar`` registers each
-  node's GPUs, and a pod informer calls the plugin's own ``HamiAllocator.allocate`` (one
-  thread per node) as soon as a pod is bound; timed to all
-  allocated (``hami.io/bind-phase=success``, lock released). Runs: nodes spread, nodes
-  binpack, and binpack again with the lab experiment ``--gpulab-lock-retry-all``.
+  with the ``hami`` addon (the ``hami-scheduler`` pod under the pod runner); 500 pods
+  created at once. Plain ``nvidia.com/gpu: 1`` pods on the default scheduler (namespace
+  labelled ``hami.io/webhook=ignore``), timed to all Bound; vGPU pods (``gpu: 1, gpumem:
+  3000, gpucores: 10``) through the webhook, kube-scheduler ``hami-scheduler`` and the
+  extender's /filter and /bind, with HAMi's lock semantics: Bind takes
+  ``hami.io/mutex.lock`` and only the device plugin's Allocate releases it. 100 plugin +
+  node-agent processes do not fit 2 cores, so this process plays kubelet + device plugin
+  for every node: it advertises each node's vGPU shares (as kubelet after ListAndWatch),
+  the plugin's own ``HamiRegistrar`` registers each node's GPUs, and a pod informer calls
+  the plugin's own ``HamiAllocator.allocate`` (one thread per node) as soon as a pod is
+  bound; timed to all allocated (``hami.io/bind-phase=success``, lock released). Runs:
+  nodes spread, nodes binpack, then binpack with the lab experiment
+  ``--gpulab-lock-retry-all`` and spread with ``--gpulab-async-filter-patch``.
 - Memory: the extender's caches (informer stores + scheduler) at 500 nodes x 8 GPUs with
   4,000 vGPU pods, measured as the RSS of a fresh process that builds them.
 """
@@ -622,7 +624,9 @@ def section(r: Obj) -> list[str]:
         "",
         f"The whole chain, {t['plain']['pods']} pods created at once on {t['nodes']} kwok nodes "
         f"({t['gpus']} GPUs); HAMi pods are done when the device plugin's Allocate has run and "
-        "released the node lock:",
+        "released the node lock. The extender and its kube-scheduler run as the",
+        "`hami-scheduler` pod under the local backend's pod runner; each experiment rolls the",
+        "Deployment out with its flag added:",
         "",
         "| pods, scheduler | created in | all Bound in | done in | pods/s | vs default "
         "| failed Binds | Filter (mean) | Bind (mean) | extender CPU |",
