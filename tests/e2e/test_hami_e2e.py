@@ -325,6 +325,36 @@ def test_an_unschedulable_pod_keeps_one_filter_warning_while_retried(
     assert len(notes) == len(set(notes)) == 2, notes
 
 
+def test_the_extender_talks_as_its_service_account(hami: Cluster, ns: str) -> None:
+    """RBAC of manifests/hami is enforced: without `patch` on nodes the extender cannot
+    take the node lock, so Bind fails with 403; with the ClusterRole restored the pod binds
+    (kube-scheduler retries it)."""
+    rbac = client.RbacAuthorizationV1Api(hami.api)
+    name = "gpulab-hami-scheduler"
+    role = rbac.read_cluster_role(name)
+    original = copy.deepcopy(role.rules)
+    for rule in role.rules:
+        if "nodes" in rule.resources:
+            rule.verbs = [v for v in rule.verbs if v != "patch"]
+    rbac.replace_cluster_role(name, role)
+    core = client.CoreV1Api(hami.api)
+
+    def bind_failures() -> list[str]:
+        selector = "involvedObject.name=denied,reason=BindingFailed"
+        return [e.message for e in core.list_namespaced_event(ns, field_selector=selector).items]
+
+    try:
+        create(hami.api, ns, demo.vgpu_pod("denied", 1000, 10, BINPACK))
+        failures = wait_for(bind_failures, 60, "a BindingFailed Event for denied")
+        assert any("403" in m for m in failures), failures
+        assert not demo.allocated(demo.read_pod(hami.api, ns, "denied"))
+    finally:
+        role = rbac.read_cluster_role(name)
+        role.rules = original
+        rbac.replace_cluster_role(name, role)
+    demo.wait_allocated(hami.api, ns, "denied")  # positive control: the same pod, allowed
+
+
 def test_demo_runs_against_the_hami_cluster(hami: Cluster) -> None:
     args = argparse.Namespace(spec=SPEC, backend="local", diagram=None)
     assert demo.run(args) == 0
