@@ -1,4 +1,5 @@
-"""The Kueue webhook HTTP app with real AdmissionReview v1 / ConversionReview v1 bodies."""
+"""The Kueue webhook server over HTTPS with real AdmissionReview v1 / ConversionReview v1
+bodies, and every path the webhook configurations in manifests/kueue name."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import base64
 import copy
 import json
 import ssl
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import pytest
 
 from gpulab.kueue import webhook
 from harness import pki
+from harness.apply import MANIFESTS, load_documents
 from harness.ports import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kueue"
@@ -44,7 +47,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     ca = pki.create_ca(certs)
     pair = pki.issue(ca, certs, "tls", "kueue-webhook", hosts=("127.0.0.1",))
     port = free_port()
-    server = webhook.serve_in_thread(f"127.0.0.1:{port}", str(pair.cert), str(pair.key))
+    server = webhook.serve_in_thread(
+        f"127.0.0.1:{port}", str(pair.cert), str(pair.key), webhook.Lookups(), threading.Event()
+    )
     verify = ssl.create_default_context(cafile=str(ca.cert))
     try:
         with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=verify, timeout=5) as c:
@@ -113,6 +118,27 @@ def test_bad_bodies_and_health(client: httpx.Client) -> None:
     assert client.post("/mutate-batch-v1-job", json=[1, 2]).status_code == 400
     assert client.get("/healthz").text == "ok"
     assert client.get("/readyz").status_code == 200
+
+
+def test_every_webhook_the_manifests_register_is_served(client: httpx.Client) -> None:
+    paths = {
+        w["clientConfig"]["service"]["path"]
+        for doc in load_documents([MANIFESTS / "kueue"])
+        if doc["kind"].endswith("WebhookConfiguration")
+        for w in doc["webhooks"]
+    }
+    assert len(paths) == 12
+    review = fixture("admission-review-job.json")
+    for path in paths:
+        resp = client.post(path, json=review)
+        assert resp.status_code == 200, path
+        assert resp.json()["response"]["uid"] == review["request"]["uid"]
+    crd_paths = {
+        d["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["path"]
+        for d in load_documents([MANIFESTS / "kueue" / "crds"])
+        if "conversion" in d["spec"]
+    }
+    assert crd_paths == {webhook.CONVERT_PATH}
 
 
 def test_parse_bind() -> None:
