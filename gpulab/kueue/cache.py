@@ -423,7 +423,8 @@ class Cache:
         return key in self.workloads
 
     def workloads_in(self, cq_name: str) -> list[WorkloadInfo]:
-        return [w for w in self.workloads.values() if w.cluster_queue == cq_name]
+        node = self._tree()[0].get(cq_name)
+        return list(node.workloads.values()) if node is not None else []
 
     # -- the tree -------------------------------------------------------------------------
 

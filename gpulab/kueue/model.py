@@ -361,9 +361,11 @@ class WorkloadInfo:
     admission: Mapping[str, Any] | None = None
     quota_reserved_at: float | None = None
     evicted: bool = False
+    admitted: bool = False  # quota reserved and every admission check Ready
     requeue_at: float | None = None
     last_assignment: LastAssignment | None = None
     obj: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _usage: dict[FlavorResource, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> str:
@@ -371,13 +373,15 @@ class WorkloadInfo:
 
     def usage(self) -> dict[FlavorResource, int]:
         """Quota this Workload holds (Info.Usage): requests under their flavors."""
-        used: dict[FlavorResource, int] = {}
-        for ps in self.total_requests:
-            for resource, flavor in ps.flavors.items():
-                if resource in ps.requests:
-                    fr = FlavorResource(flavor, resource)
-                    used[fr] = used.get(fr, 0) + ps.requests[resource]
-        return used
+        if self._usage is None:
+            used: dict[FlavorResource, int] = {}
+            for ps in self.total_requests:
+                for resource, flavor in ps.flavors.items():
+                    if resource in ps.requests:
+                        fr = FlavorResource(flavor, resource)
+                        used[fr] = used.get(fr, 0) + ps.requests[resource]
+            self._usage = used
+        return dict(self._usage)
 
     def uses(self, frs: set[FlavorResource]) -> bool:
         return any(
@@ -530,6 +534,7 @@ def workload_from_obj(
         if admission
         else None,
         evicted=condition_true(obj, api.EVICTED),
+        admitted=condition_true(obj, api.ADMITTED),
         requeue_at=timestamp(requeue_at),
         obj=obj,
     )

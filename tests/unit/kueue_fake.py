@@ -226,7 +226,7 @@ def new_manager(
         Tracer("kueue-controller", stream=log),
         config,
         clock=clock or (lambda: kube.clock),
-        requeue_batch=0,
+        batch_period=0,
     )
     kube.attach(m)
     return m, log

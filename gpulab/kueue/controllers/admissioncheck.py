@@ -13,6 +13,7 @@ Workload's ``status.admissionChecks[]`` state for its checks from ``Pending`` to
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -60,11 +61,9 @@ class GpusHealthyController:
         self.m = manager
 
     def _mine(self) -> set[str]:
-        return {
-            name
-            for name, info in self.m.cache.admission_checks.items()
-            if info.controller == CONTROLLER
-        }
+        with self.m.lock:
+            checks = list(self.m.cache.admission_checks.items())
+        return {name for name, info in checks if info.controller == CONTROLLER}
 
     def reconcile(self, key: str) -> None:
         kind, _, name = key.partition(":")
@@ -87,8 +86,7 @@ class GpusHealthyController:
             return
         if condition_true(ac, api.CQ_ACTIVE):
             return
-        new = dict(ac)
-        new["status"] = dict(ac.get("status") or {})
+        new = copy.deepcopy(ac)
         wlutil.set_condition(
             new,
             api.CQ_ACTIVE,

@@ -13,7 +13,7 @@ Handlers only update in-memory state and add keys; API calls happen in the worke
 Keys: ``Workload`` queue ``ns/name``; job queue a ``jobs.Ref`` (``batch/Job:ns/name``,
 ``Pod:ns/name``, ``PodGroup:ns/group``); status queue ``ClusterQueue:name``,
 ``LocalQueue:ns/name``; requeue queue ``ClusterQueue:name`` or ``Cohort:root``
-(batched ``REQUEUE_BATCH`` seconds as upstream's requeuer); check queue
+(batched ``UPDATES_BATCH_PERIOD`` as upstream's requeuer); check queue
 ``AdmissionCheck:name`` or ``Workload:ns/name``.
 """
 
@@ -53,7 +53,7 @@ from gpulab.workqueue import WorkQueue, run_worker
 _log = logging.getLogger("gpulab.kueue.manager")
 
 Obj = dict[str, Any]
-REQUEUE_BATCH = 1.0  # requeueBatchPeriod
+UPDATES_BATCH_PERIOD = 1.0  # requeueBatchPeriod, UpdatesBatchPeriod
 GPUS_HEALTHY_CONTROLLER = "gpulab.io/gpus-healthy"
 
 WATCHED: tuple[tuple[Resource, str | None], ...] = (
@@ -83,7 +83,7 @@ class Manager:
         config: Configuration | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
-        requeue_batch: float = REQUEUE_BATCH,
+        batch_period: float = UPDATES_BATCH_PERIOD,
     ) -> None:
         self.kube = kube
         self.tracer = tracer
@@ -105,11 +105,15 @@ class Manager:
         self.status_q = WorkQueue()
         self.requeue_q = WorkQueue()
         self.check_q = WorkQueue()
-        self._requeue_batch = requeue_batch
+        self._batch = batch_period
+        self._batched: set[str] = set()  # keys waiting in a work queue's delay
+        # ClusterQueues that may admit, recomputed under the lock whenever what decides it
+        # changes; the queue manager reads it without taking the lock (Heads)
+        self.active: frozenset[str] = frozenset()
         self.queues = QueueManager(
             requeuer=self._request_requeue,
             namespace_labels=self.namespace_labels,
-            is_active=self.cache.is_active,
+            is_active=lambda name: name in self.active,
             clock=clock,
         )
         # imported here: the reconcilers take the manager
@@ -173,9 +177,24 @@ class Manager:
     # -- requeueing inadmissible Workloads -----------------------------------------------------
 
     def _request_requeue(self, kind: str, name: str) -> None:
-        self.requeue_q.add_after(f"{kind}:{name}", self._requeue_batch)
+        self.batched(self.requeue_q, f"{kind}:{name}")
+
+    def batched(self, q: WorkQueue, key: str) -> None:
+        """Add ``key`` after the batch period unless it already waits (client-go's delaying
+        queue keeps one entry per key)."""
+        with self.lock:
+            if key in self._batched:
+                return
+            self._batched.add(key)
+        q.add_after(key, self._batch)
+
+    def take(self, key: str) -> None:
+        """A worker starts on a batched key: the next change schedules it again."""
+        with self.lock:
+            self._batched.discard(key)
 
     def _requeue(self, key: str) -> None:
+        self.take(key)
         kind, _, name = key.partition(":")
         with self.lock:
             self.queues.requeue_inadmissible(kind, name)
@@ -187,12 +206,26 @@ class Manager:
     def cqs_using(self, predicate: Callable[[model.ClusterQueue], bool]) -> set[str]:
         return {name for name, cq in self.cache.cluster_queues.items() if predicate(cq)}
 
-    def enqueue_status(self, cq_name: str | None = None) -> None:
-        if cq_name:
-            self.status_q.add(f"ClusterQueue:{cq_name}")
-            for lq in self.queues.local_queues.values():
-                if lq.cluster_queue == cq_name:
-                    self.status_q.add(f"LocalQueue:{lq.key}")
+    def _refresh_active(self) -> None:
+        """Call with the lock held, after a flavor, queue, cohort or check changed."""
+        self.active = frozenset(n for n in self.cache.cluster_queues if self.cache.is_active(n))
+
+    def enqueue_status(self, cq_name: str | None = None, later: bool = False) -> None:
+        """Status of the ClusterQueue and its LocalQueues; ``later`` batches what
+        Workload changes trigger (UpdatesBatchPeriod, 1 s, as upstream)."""
+        if not cq_name:
+            return
+        keys = [f"ClusterQueue:{cq_name}"]
+        keys += [
+            f"LocalQueue:{lq.key}"
+            for lq in list(self.queues.local_queues.values())
+            if lq.cluster_queue == cq_name
+        ]
+        for key in keys:
+            if later:
+                self.batched(self.status_q, key)
+            else:
+                self.status_q.add(key)
 
     # -- event handlers (run on the informer threads) --------------------------------------------
 
@@ -225,6 +258,7 @@ class Manager:
                 self.cache.delete_flavor(name)
             else:
                 self.cache.add_or_update_flavor(model.flavor_from_obj(new))
+            self._refresh_active()
             users = self.cqs_using(lambda cq: name in cq.flavor_names())
             if not deleted:
                 self.queues.notify_retry_inadmissible(users)
@@ -232,6 +266,8 @@ class Manager:
             self.enqueue_status(cq)
 
     def _on_cohort(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        if _status_only(old, new, deleted):
+            return
         name = key_of(new)
         with self.lock:
             if deleted:
@@ -241,6 +277,7 @@ class Manager:
                 cohort = model.cohort_from_obj(new)
                 self.cache.add_or_update_cohort(cohort)
                 self.queues.cohort_parents[name] = cohort.parent
+            self._refresh_active()
             if not deleted:
                 self.queues.requeuer("Cohort", self.queues.root_cohort(name))
             members = self.cqs_using(lambda cq: cq.cohort is not None)
@@ -248,6 +285,8 @@ class Manager:
             self.enqueue_status(cq)
 
     def _on_cluster_queue(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        if _status_only(old, new, deleted):
+            return  # its own status write
         name = key_of(new)
         with self.lock:
             if deleted:
@@ -263,6 +302,8 @@ class Manager:
                 if spec.stop_policy == api.HOLD_AND_DRAIN:
                     for wl in self.cache.workloads_in(name):
                         self.workload_q.add(wl.key)
+            self._refresh_active()
+            self.queues.wake()
         self.enqueue_status(name)
 
     def _on_admission_check(self, old: Obj | None, new: Obj, deleted: bool) -> None:
@@ -276,6 +317,7 @@ class Manager:
                     active=condition_true(new, api.CQ_ACTIVE),
                 )
                 self.cache.add_or_update_admission_check(name, info)
+            self._refresh_active()
             users = self.cqs_using(lambda cq: name in cq.admission_checks)
             self.queues.notify_retry_inadmissible(users)
         for cq in users:
@@ -284,6 +326,8 @@ class Manager:
             self.check_q.add(f"AdmissionCheck:{name}")
 
     def _on_local_queue(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        if _status_only(old, new, deleted):
+            return  # its own status write
         key = key_of(new)
         with self.lock:
             if deleted:
@@ -342,7 +386,7 @@ class Manager:
         cq_name = admission.get("clusterQueue") or self.queues.cluster_queue_for(
             new["metadata"]["namespace"], _queue(new)
         )
-        self.enqueue_status(cq_name)
+        self.enqueue_status(cq_name, later=True)
 
     def _on_job(self, old: Obj | None, new: Obj, deleted: bool) -> None:
         meta = new["metadata"]
@@ -393,6 +437,16 @@ class Manager:
         for informer in self._informers:
             informer.stop()
         self.queues.wake()
+
+
+def _status_only(old: Obj | None, new: Obj, deleted: bool) -> bool:
+    """An update that changed nothing but the status (the controller's own write)."""
+    if old is None or deleted:
+        return False
+    a, b = old.get("metadata") or {}, new.get("metadata") or {}
+    return old.get("spec") == new.get("spec") and a.get("deletionTimestamp") == b.get(
+        "deletionTimestamp"
+    )
 
 
 def _queue(wl: Mapping[str, Any]) -> str:

@@ -58,15 +58,12 @@ def usage_by_flavor(workloads: Iterable[WorkloadInfo]) -> list[dict[str, Any]]:
     return [{"name": f, "resources": rs} for f, rs in by_flavor.items()]
 
 
-def _admitted(w: WorkloadInfo) -> bool:
-    return wlutil.is_admitted(w.obj) if w.obj else True
-
-
 class StatusReconciler:
     def __init__(self, manager: Manager) -> None:
         self.m = manager
 
     def reconcile(self, key: str) -> None:
+        self.m.take(key)
         kind, _, name = key.partition(":")
         if kind == "ClusterQueue":
             self._cluster_queue(name)
@@ -110,7 +107,8 @@ class StatusReconciler:
             active, reason, message = m.cache.active_condition(spec)
             flavors_reservation = m.cache.flavors_usage(spec)
             share = m.cache.weighted_share(name)
-        admitted = [w for w in reserving if _admitted(w)]
+        admitted = [w for w in reserving if w.admitted]
+        used = _totals(admitted)
         new = copy.deepcopy(obj)
         status = new.setdefault("status", {})
         status.update(
@@ -118,7 +116,7 @@ class StatusReconciler:
             reservingWorkloads=len(reserving),
             admittedWorkloads=len(admitted),
             flavorsReservation=flavors_reservation,
-            flavorsUsage=_usage_of(spec, admitted),
+            flavorsUsage=_usage_of(spec, used),
         )
         if m.config.fair_sharing is not None and share is not None:
             status["fairSharing"] = {"weightedShare": share}
@@ -126,26 +124,25 @@ class StatusReconciler:
             new, api.CQ_ACTIVE, "True" if active else "False", reason, message, wlutil.now_rfc3339()
         )
         self._write(CLUSTER_QUEUES, obj, new)
-        self._cq_metrics(
-            name, spec, active, active_pending, inadmissible, reserving, admitted, share
-        )
+        counts = (active_pending, inadmissible, len(reserving), len(admitted))
+        self._cq_metrics(name, spec, active, counts, used, _totals(reserving), share)
 
     def _cq_metrics(
         self,
         name: str,
         spec: Any,
         active: bool,
-        active_pending: int,
-        inadmissible: int,
-        reserving: list[WorkloadInfo],
-        admitted: list[WorkloadInfo],
+        counts: tuple[int, int, int, int],
+        usage: dict[FlavorResource, int],
+        reservation: dict[FlavorResource, int],
         share: int | None,
     ) -> None:
         mx = self.m.metrics
+        active_pending, inadmissible, reserving, admitted = counts
         mx.pending.labels(name, "active", ROLE).set(active_pending)
         mx.pending.labels(name, "inadmissible", ROLE).set(inadmissible)
-        mx.reserving_active.labels(name, ROLE).set(len(reserving))
-        mx.admitted_active.labels(name, ROLE).set(len(admitted))
+        mx.reserving_active.labels(name, ROLE).set(reserving)
+        mx.admitted_active.labels(name, ROLE).set(admitted)
         for status in ("pending", "active", "terminating"):
             mx.cq_status.labels(name, status, ROLE).set(
                 1 if status == ("active" if active else "pending") else 0
@@ -155,14 +152,6 @@ class StatusReconciler:
             mx.weighted_share.labels(name, cohort, ROLE).set(share)
         if not self.m.config.cluster_queue_resource_metrics:
             return
-        usage: dict[FlavorResource, int] = {}
-        for w in admitted:
-            for fr, v in w.usage().items():
-                usage[fr] = usage.get(fr, 0) + v
-        reservation: dict[FlavorResource, int] = {}
-        for w in reserving:
-            for fr, v in w.usage().items():
-                reservation[fr] = reservation.get(fr, 0) + v
         for fr, quota in spec.quotas.items():
             labels = (cohort, name, fr.flavor, fr.resource, ROLE)
             mx.resource_usage.labels(*labels).set(usage.get(fr, 0))
@@ -178,11 +167,10 @@ class StatusReconciler:
         with m.lock:
             lq = m.queues.local_queues.get(key)
             cq_exists = lq is not None and lq.cluster_queue in m.cache.cluster_queues
-            mine = [
-                w for w in m.cache.workloads.values() if w.namespace == ns and w.queue_name == name
-            ]
+            candidates = m.cache.workloads_in(lq.cluster_queue) if lq is not None else []
+            mine = [w for w in candidates if w.namespace == ns and w.queue_name == name]
             pending = m.queues.pending_in_local_queue(key)
-        admitted = [w for w in mine if _admitted(w)]
+        admitted = [w for w in mine if w.admitted]
         new = copy.deepcopy(obj)
         new.setdefault("status", {}).update(
             pendingWorkloads=pending,
@@ -212,12 +200,16 @@ class StatusReconciler:
         self._write(LOCAL_QUEUES, obj, new)
 
 
-def _usage_of(spec: Any, admitted: list[WorkloadInfo]) -> list[dict[str, Any]]:
-    """flavorsUsage in the ClusterQueue's flavor order, with what is borrowed."""
+def _totals(workloads: Iterable[WorkloadInfo]) -> dict[FlavorResource, int]:
     totals: dict[FlavorResource, int] = {}
-    for w in admitted:
+    for w in workloads:
         for fr, v in w.usage().items():
             totals[fr] = totals.get(fr, 0) + v
+    return totals
+
+
+def _usage_of(spec: Any, totals: dict[FlavorResource, int]) -> list[dict[str, Any]]:
+    """flavorsUsage in the ClusterQueue's flavor order, with what is borrowed."""
     out = []
     for group in spec.resource_groups:
         for flavor in group.flavors:

@@ -86,10 +86,10 @@ class SchedulerRunner:
         m = self.m
         backoff = 0.0
         while not m.stop.is_set():
-            heads = m.queues.wait_for_heads(m.stop, 1.0)
-            if not heads:
-                continue
             try:
+                heads = m.queues.wait_for_heads(m.stop, 1.0)
+                if not heads:
+                    continue
                 admitted = any(e.admission is not None for e in self.schedule(heads))
             except Exception:  # one bad cycle must not stop admission
                 _log.exception("scheduling cycle %d failed", self.cycle)
@@ -144,7 +144,8 @@ class SchedulerRunner:
             current = state["obj"]
             if current is None:
                 return None
-            new = copy.deepcopy(current)
+            # mutations only touch the status: the spec (pod templates) is shared
+            new = {**current, "status": copy.deepcopy(current.get("status") or {})}
             if not mutate(new):
                 return None
             try:
@@ -238,11 +239,10 @@ class SchedulerRunner:
         issued = 0
         for t in e.targets:
             victim = t.workload
+            with m.lock:
+                victim_cq = m.cache.cq_node(victim.cluster_queue or "")
             message = wlutil.preemption_message(
-                preemptor,
-                t.reason,
-                cq_path(e.cq),
-                cq_path(m.cache.cq_node(victim.cluster_queue or ""), victim.cluster_queue or ""),
+                preemptor, t.reason, cq_path(e.cq), cq_path(victim_cq, victim.cluster_queue or "")
             )
             now = wlutil.now_rfc3339()
 
