@@ -1,4 +1,5 @@
-"""CLI for the Kueue counterpart: ``gpulab kueue-controller``."""
+"""CLI for the Kueue counterpart (kubernetes-sigs/kueue v0.19.2 cmd/kueue flags:
+``--config``, ``--feature-gates``): ``gpulab kueue-controller``."""
 
 from __future__ import annotations
 

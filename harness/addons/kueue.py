@@ -1,5 +1,5 @@
-"""Addon ``kueue``: the Kueue counterpart (``gpulab kueue-controller``) with its webhooks
-and metrics.
+"""Addon ``kueue``: the Kueue counterpart (``gpulab kueue-controller``, mirroring
+kubernetes-sigs/kueue v0.19.2) with its webhooks and metrics.
 
 On kind this is the Deployment in ``manifests/kueue/`` behind Service
 ``kueue-webhook-service``. Here the controller is a host process serving the webhooks

@@ -1,5 +1,6 @@
-"""The API calls the Kueue controllers make, on plain dicts, through the official
-client's connection (gpulab.kube.api_client).
+"""The API calls the Kueue controllers make (what kubernetes-sigs/kueue v0.19.2 does
+through controller-runtime's client), on plain dicts, through the official client's
+connection (gpulab.kube.api_client).
 
 Status is written with PUT on the status subresource carrying the resourceVersion
 read, so a stale write fails with 409 instead of overwriting; spec and metadata with a
