@@ -39,7 +39,7 @@ from demos.common import (
 from gpulab import trace
 from gpulab.informer import Handlers, Informer, ListWatch, Resource
 from gpulab.kueue import api as kueue
-from gpulab.kueue.model import condition
+from gpulab.kueue.model import condition, timestamp
 from gpulab.kueue.workload import workload_name
 from gpulab.wait import wait_for
 
@@ -176,6 +176,22 @@ def workload_of(api: client.ApiClient, namespace: str, job: str) -> Obj | None:
         raise
 
 
+def admitted_at(api: client.ApiClient, namespace: str, job: str) -> float | None:
+    """When Job ``job``'s Workload was admitted (its Admitted condition), or None."""
+    cond = condition(workload_of(api, namespace, job) or {}, "Admitted")
+    if not cond or cond.get("status") != "True":
+        return None
+    return timestamp(cond["lastTransitionTime"])
+
+
+def _next_admission_second(api: client.ApiClient, namespace: str, job: str) -> None:
+    """Wait for ``job`` to be admitted, then for the clock to pass that second: admission
+    times have 1 s resolution and preemption picks the newest admitted first, so the
+    story stays the same on every run."""
+    at = wait_for(lambda: admitted_at(api, namespace, job), 30, f"{job} to be admitted")
+    wait_for(lambda: time.time() >= at + 1, 2, "the next second", interval=0.05)
+
+
 def reason(obj: Mapping[str, Any] | None, ctype: str, status: str = "True") -> str | None:
     """The reason of condition ``ctype`` if it has ``status``, else None."""
     cond = condition(obj or {}, ctype)
@@ -262,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         say("team-a submits a-1 .. a-6 (2 GPUs each): its own 4, then the idle quota")
         for i in range(1, 7):
             batch.create_namespaced_job(TEAM_A, queued_job(f"a-{i}", "team-a", 2, 600))
-            time.sleep(1.1)  # admission times have 1 s resolution: keep them ordered
+            _next_admission_second(api, TEAM_A, f"a-{i}")
         wait_for(lambda: _usage(api, CQ_A) == 12, 90, f"ClusterQueue {CQ_A} to hold 12 GPUs")
         ok(f"{CQ_A} holds 12 GPUs: its 4, and 8 borrowed from the pool and team-b")
         _shares(api, "team-a borrowed everything idle")

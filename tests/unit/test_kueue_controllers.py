@@ -3,6 +3,7 @@ in-memory API of kueue_fake, which enforces the API server's Job and Pod update 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from kueue_fake import FakeKube, new_manager, settle, steps
@@ -13,6 +14,7 @@ from gpulab.kueue import workload as wlutil
 from gpulab.kueue.config import Configuration, WaitForPodsReady, parse
 from gpulab.kueue.controllers import client as kc
 from gpulab.kueue.model import condition, timestamp
+from gpulab.wait import wait_for
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -325,6 +327,40 @@ def test_wait_for_pods_ready_evicts_after_the_timeout_with_backoff() -> None:
     assert reason(wl, api.EVICTED) == api.EVICTED_BY_PODS_READY_TIMEOUT
     assert wl["status"]["requeueState"]["count"] == 1
     assert not running(kube, "slow")
+
+
+def test_block_admission_holds_the_scheduler_until_admitted_pods_are_ready() -> None:
+    """waitForPodsReadyIfNeeded: with blockAdmission the next Workload is told to wait
+    (QuotaReserved=False, Waiting) and the scheduler blocks until PodsReady."""
+    kube = FakeKube()
+    setup(kube)
+    config = Configuration(wait_for_pods_ready=WaitForPodsReady(timeout=300, block_admission=True))
+    m, log = new_manager(kube, config)
+    kube.add(JOBS, job("first", 1))
+    settle(m)
+    assert running(kube, "first")
+    kube.add(JOBS, job("second", 1))
+    while (key := m.job_q.get(timeout=0)) is not None:  # the Workload, no cycle yet
+        m.jobs.reconcile(key)
+        m.job_q.done(key)
+    cycle = threading.Thread(target=m.scheduler.schedule, args=(m.queues.heads(),))
+    cycle.start()
+    wait_for(
+        lambda: reason(workload_of(kube, "second"), api.QUOTA_RESERVED) == api.WAITING,
+        5,
+        "second to be told to wait",
+    )
+    cycle.join(0.5)
+    assert cycle.is_alive() and not running(kube, "second")
+    start_pods(kube, "first")
+    while (key := m.job_q.get(timeout=0)) is not None:  # PodsReady=True on first
+        m.jobs.reconcile(key)
+        m.job_q.done(key)
+    cycle.join(5)
+    assert not cycle.is_alive()
+    settle(m)
+    assert running(kube, "second")
+    assert "waitForPodsReadyIfNeeded" in steps(log)
 
 
 def test_credits_transformation_caps_the_shared_quota_at_14() -> None:

@@ -14,8 +14,10 @@ to a goroutine).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -31,7 +33,7 @@ from gpulab.kueue.model import WorkloadInfo, condition, timestamp
 from gpulab.kueue.queue import Head, RequeueReason
 from gpulab.kueue.scheduler import Entry, Status, pending_reason, schedule
 from gpulab.trace import ObjectRef
-from gpulab.wait import retry_call
+from gpulab.wait import WaitTimeout, retry_call, wait_for
 
 if TYPE_CHECKING:
     from gpulab.kueue.controllers.manager import Manager
@@ -228,8 +230,19 @@ class SchedulerRunner:
             )
         except ApiException as exc:
             _log.info("workload %s status not written: %s", key, exc.status)
-        while not m.cache.pods_ready_for_all_admitted() and not m.stop.wait(0.2):
-            pass
+        ns, _, name = key.partition("/")
+        m.tracer.step(
+            "waitForPodsReadyIfNeeded",
+            ObjectRef("Workload", name, ns, api_version=api.API_VERSION),
+            "blockAdmission: " + message,
+        )
+        with contextlib.suppress(WaitTimeout):  # raised only when the manager stops
+            wait_for(
+                m.cache.pods_ready_for_all_admitted,
+                math.inf,
+                "every admitted Workload to have PodsReady",
+                stop=m.stop,
+            )
 
     # -- issuePreemptions -----------------------------------------------------------------------
 
