@@ -344,6 +344,12 @@ def review(path: str, body: Any, lookups: Lookups) -> Obj:
 # -- the HTTP server ----------------------------------------------------------------------
 
 
+# kube-apiserver's webhook client keeps idle connections 90 s (Go's IdleConnTimeout) and
+# then reuses them; closing them sooner (uvicorn's default, 5 s) races that reuse and the
+# API server reads EOF. controller-runtime's server never closes idle connections first.
+KEEP_ALIVE_SECONDS = 120
+
+
 class _TooLarge(Exception):
     pass
 
@@ -422,6 +428,7 @@ def serve_in_thread(
         ssl_keyfile=key_file,
         log_level="warning",
         lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="kueue-webhook", daemon=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import http.client
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,3 +148,28 @@ def test_parse_bind() -> None:
     for bad in ("9443", "127.0.0.1:", ":9443", "host:port"):
         with pytest.raises(ValueError):
             webhook.parse_bind(bad)
+
+
+def test_an_idle_keep_alive_connection_is_not_closed_under_the_api_server(
+    client: httpx.Client,
+) -> None:
+    """kube-apiserver keeps webhook connections idle for up to 90 s and then reuses them;
+    a server that closes them sooner (uvicorn's default is 5 s) races that reuse and the
+    API server reads EOF ("failed calling webhook ... EOF": a 500 for the user)."""
+    conn = http.client.HTTPSConnection(
+        client.base_url.host,
+        client.base_url.port,
+        context=ssl._create_unverified_context(),  # the connection is the point, not the CA
+        timeout=5,
+    )
+    body = json.dumps(fixture("admission-review-job.json"))
+    headers = {"Content-Type": "application/json"}
+    try:
+        for pause in (0, 6.5):
+            time.sleep(pause)
+            conn.request("POST", "/mutate-batch-v1-job", body, headers)
+            resp = conn.getresponse()
+            assert resp.status == 200
+            resp.read()
+    finally:
+        conn.close()
