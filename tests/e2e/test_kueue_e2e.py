@@ -27,6 +27,7 @@ from kubernetes.client.rest import ApiException
 
 from demos import hami as hami_demo
 from demos import kueue as demo
+from demos.cluster import gpu_pod_spec
 from gpulab.hami.score import BINPACK
 from gpulab.informer import PODS, Resource
 from gpulab.kueue import api as kueue
@@ -406,6 +407,68 @@ def test_local_queue_in_a_namespace_the_cluster_queue_excludes(cluster, namespac
             "workload namespace doesn't match ClusterQueue selector",
         )
         assert demo.suspended(cluster.api, ns2, "outsider")
+
+
+def test_a_statefulset_is_one_pod_group_admitted_when_quota_grows(cluster, namespace) -> None:
+    """StatefulSet integration: the pods of a queued StatefulSet join one pod group (one
+    Workload counting every replica); over quota they wait gated, and raising the
+    ClusterQueue's quota requeues the parked Workload (a quota change is one of the
+    release's requeue triggers), which admits the whole group."""
+    api = cluster.api
+    cq = setup_queue(api, namespace, 1)
+    template = client.V1PodTemplateSpec(
+        metadata=client.V1ObjectMeta(labels={"app": "trainer"}), spec=gpu_pod_spec(1)
+    )
+    sts = client.V1StatefulSet(
+        metadata=client.V1ObjectMeta(name="trainer", labels={kueue.QUEUE_LABEL: "user-queue"}),
+        spec=client.V1StatefulSetSpec(
+            replicas=2,
+            service_name="trainer",
+            selector=client.V1LabelSelector(match_labels={"app": "trainer"}),
+            template=template,
+        ),
+    )
+    client.AppsV1Api(api).create_namespaced_stateful_set(namespace, sts)
+    core = client.CoreV1Api(api)
+    wl = wait_for(
+        lambda: (
+            (ws := workloads(api, namespace))
+            and demo.reason(ws[0], kueue.QUOTA_RESERVED, "False")
+            and ws[0]
+        ),
+        60,
+        "the group's Workload to wait for quota",
+    )
+    assert [(ps["name"], ps["count"]) for ps in wl["spec"]["podSets"]] == [("main", 2)]
+    [pod] = core.list_namespaced_pod(namespace).items  # OrderedReady: only trainer-0 yet
+    assert pod.metadata.name == "trainer-0" and pod.spec.scheduling_gates
+    assert pod.metadata.labels[kueue.POD_GROUP_NAME_LABEL] == wl["metadata"]["name"]
+    assert pod.metadata.annotations[kueue.POD_GROUP_TOTAL_COUNT] == "2"
+
+    queue = demo.get(api, "ClusterQueue", cq)
+    queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = 2
+    client.CustomObjectsApi(api).replace_cluster_custom_object(
+        kueue.GROUP, kueue.VERSION, "clusterqueues", cq, queue
+    )
+
+    def both_running() -> list[client.V1Pod] | None:
+        pods = core.list_namespaced_pod(namespace).items
+        up = [p for p in pods if p.spec.node_name and not p.spec.scheduling_gates]
+        return pods if len(up) == 2 else None
+
+    pods = wait_for(both_running, 90, "both replicas admitted and bound")
+    assert {p.metadata.labels[kueue.POD_GROUP_NAME_LABEL] for p in pods} == {wl["metadata"]["name"]}
+    [wl] = workloads(api, namespace)
+    assert demo.reason(wl, kueue.ADMITTED)
+    wait_for(
+        lambda: demo.gpu_usage(demo.get(api, "ClusterQueue", cq)) == 2,
+        10,
+        f"{cq} to report 2 GPUs in use",  # status is written in batches of 1 s
+    )
+    # the StatefulSet would recreate the pods the namespace teardown deletes
+    client.AppsV1Api(api).delete_namespaced_stateful_set(
+        "trainer", namespace, propagation_policy="Orphan"
+    )
 
 
 def test_kubectl_shows_the_release_printer_columns(cluster, namespace) -> None:

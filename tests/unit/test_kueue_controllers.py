@@ -152,6 +152,23 @@ def test_quota_raised_requeues_the_parked_workload() -> None:
     assert running(kube, "big")
 
 
+def test_quota_raised_while_a_status_write_is_batched_still_requeues() -> None:
+    """The batched status write of a ClusterQueue and its requeue request are two work
+    queues' keys ("ClusterQueue:cq" in both): one must not swallow the other."""
+    kube = FakeKube()
+    setup(kube, quota=2)
+    m, _ = new_manager(kube)
+    kube.add(JOBS, job("big", 4))
+    settle(m)
+    assert not running(kube, "big")
+    m.enqueue_status("cq", later=True)  # what a Workload event does, batched 1 s
+    cq = kube.obj(kc.CLUSTER_QUEUES, "cq")
+    cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = 4
+    kube.patch(kc.CLUSTER_QUEUES, cq, {"spec": cq["spec"]})
+    settle(m)
+    assert running(kube, "big")
+
+
 def test_flavor_added_later_makes_the_queue_active_and_admits() -> None:
     kube = FakeKube()
     setup(kube)

@@ -20,6 +20,7 @@ Keys: ``Workload`` queue ``ns/name``; job queue a ``jobs.Ref`` (``batch/Job:ns/n
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +49,7 @@ from gpulab.kueue.model import condition_true
 from gpulab.kueue.preemption import Preemptor
 from gpulab.kueue.queue import Manager as QueueManager
 from gpulab.trace import Tracer
+from gpulab.wait import WaitTimeout, wait_for
 from gpulab.workqueue import WorkQueue, run_worker
 
 _log = logging.getLogger("gpulab.kueue.manager")
@@ -106,7 +108,9 @@ class Manager:
         self.requeue_q = WorkQueue()
         self.check_q = WorkQueue()
         self._batch = batch_period
-        self._batched: set[str] = set()  # keys waiting in a work queue's delay
+        # (work queue, key) pairs waiting in the queue's delay: the status and requeue
+        # queues share key names ("ClusterQueue:x"), so the queue is part of the entry
+        self._batched: set[tuple[int, str]] = set()
         # ClusterQueues that may admit, recomputed under the lock whenever what decides it
         # changes; the queue manager reads it without taking the lock (Heads)
         self.active: frozenset[str] = frozenset()
@@ -182,19 +186,20 @@ class Manager:
     def batched(self, q: WorkQueue, key: str) -> None:
         """Add ``key`` after the batch period unless it already waits (client-go's delaying
         queue keeps one entry per key)."""
+        entry = (id(q), key)
         with self.lock:
-            if key in self._batched:
+            if entry in self._batched:
                 return
-            self._batched.add(key)
+            self._batched.add(entry)
         q.add_after(key, self._batch)
 
-    def take(self, key: str) -> None:
-        """A worker starts on a batched key: the next change schedules it again."""
+    def take(self, q: WorkQueue, key: str) -> None:
+        """A worker of ``q`` starts on a batched key: the next change schedules it again."""
         with self.lock:
-            self._batched.discard(key)
+            self._batched.discard((id(q), key))
 
     def _requeue(self, key: str) -> None:
-        self.take(key)
+        self.take(self.requeue_q, key)
         kind, _, name = key.partition(":")
         with self.lock:
             self.queues.requeue_inadmissible(kind, name)
@@ -413,10 +418,15 @@ class Manager:
         """Informers first; once every one has listed, the cache holds every Workload
         that has quota, then the workers and the scheduler start."""
         self.start_informers(api_client)
-        for informer in self._informers:
-            while not informer.wait_for_sync(1.0):
-                if self.stop.is_set():
-                    return
+        try:
+            wait_for(
+                lambda: all(i.has_synced() for i in self._informers),
+                math.inf,
+                "every informer to list",
+                stop=self.stop,
+            )
+        except WaitTimeout:  # raised only when the manager stops first
+            return
         _log.info("informers synced; starting reconcilers and the scheduler")
         workers = [
             (self.workload_q, self.workloads.reconcile, "workload"),

@@ -63,7 +63,7 @@ class StatusReconciler:
         self.m = manager
 
     def reconcile(self, key: str) -> None:
-        self.m.take(key)
+        self.m.take(self.m.status_q, key)
         kind, _, name = key.partition(":")
         if kind == "ClusterQueue":
             self._cluster_queue(name)
