@@ -619,8 +619,13 @@ def test_a_queued_vgpu_deployment_lands_on_shared_gpus(kueue_hami: Cluster) -> N
             assert not p["spec"].get("schedulingGates")  # Kueue removed its gate
         workloads_ = workloads(api, ns)
         assert len(workloads_) == 2 and all(demo.reason(w, kueue.ADMITTED) for w in workloads_)
-        cq = demo.get(api, "ClusterQueue", f"{ns}-cq")
-        assert demo.gpu_usage(cq) == 2 and demo.gpu_usage(cq, "nvidia.com/gpumem") == 6000
+
+        def usage() -> tuple[int, int]:
+            cq = demo.get(api, "ClusterQueue", f"{ns}-cq")
+            return demo.gpu_usage(cq), demo.gpu_usage(cq, "nvidia.com/gpumem")
+
+        # the status is written in batches of 1 s
+        wait_for(lambda: usage() == (2, 6000), 10, "the ClusterQueue to report 2 GPUs, 6000 MiB")
         shares = [hami_demo.placement(p) for p in pods]
         nodes = {node for node, _ in shares}
         uuids = {d.uuid for _, devs in shares for d in devs}
@@ -644,6 +649,12 @@ def test_a_queued_vgpu_deployment_lands_on_shared_gpus(kueue_hami: Cluster) -> N
             if p.spec.scheduling_gates and not p.spec.node_name
         ]
         assert len(gated) == 1
+        # the Deployment would recreate the pods the namespace teardown deletes
+        client.AppsV1Api(api).delete_namespaced_deployment("llm", ns, propagation_policy="Orphan")
+        for rs in client.AppsV1Api(api).list_namespaced_replica_set(ns).items:
+            client.AppsV1Api(api).delete_namespaced_replica_set(
+                rs.metadata.name, ns, propagation_policy="Orphan"
+            )
         demo.delete_cluster_objects(
             api, ("ClusterQueue", f"{ns}-cq"), ("ResourceFlavor", "shared-t4")
         )
