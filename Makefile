@@ -11,9 +11,11 @@ BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
-        demo-cluster demo-device-plugin demo-hami demo-kueue
+        demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
+        test-dashboard bench-dashboard \
+        demo-coscheduling demo-numa demo-volcano demo-gpu-operator
 
-setup: venv fake-gpu binaries
+setup: venv fake-gpu binaries dashboard-web
 
 venv: $(VENV)/.installed
 
@@ -35,7 +37,7 @@ lint: venv
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 
-test: setup lint
+test: setup lint chromium
 	@$(BIN)/pytest -ra
 
 test-unit: venv fake-gpu
@@ -59,11 +61,67 @@ demo-device-plugin: setup
 demo-kueue: setup
 	@$(GPULAB) demo kueue
 
+demo-coscheduling: setup
+	@$(GPULAB) demo coscheduling --backend local --spec scheduling
+
+demo-numa: setup
+	@$(GPULAB) demo numa --backend local --spec scheduling
+
+demo-volcano: setup
+	@$(GPULAB) demo volcano --backend local --spec volcano
+
+demo-gpu-operator: setup
+	@$(GPULAB) demo gpu-operator --backend local --spec gpu-operator
+
 down: venv
 	@$(GPULAB) down
 
 status: venv
 	@$(GPULAB) status
+
+# The dashboard's front end: npm packages pinned in package-lock.json, copied into the
+# package (gpulab/dashboard/static/vendor), so the page loads nothing from the network.
+WEB    := gpulab/dashboard/web
+VENDOR := gpulab/dashboard/static/vendor
+
+dashboard-web: $(VENDOR)/.vendored
+
+$(VENDOR)/.vendored: $(WEB)/package.json $(WEB)/package-lock.json
+	@command -v npm >/dev/null || { echo "make: error: npm not found; install Node.js 18+ and npm (apt-get install nodejs npm)"; exit 2; }
+	@echo "==> vendoring the dashboard's front-end packages (npm ci)"
+	@cd $(WEB) && npm ci --no-audit --no-fund --loglevel=error
+	@mkdir -p $(VENDOR)
+	@cp $(WEB)/node_modules/preact/dist/preact.mjs $(VENDOR)/preact.mjs
+	@cp $(WEB)/node_modules/preact/hooks/dist/hooks.mjs $(VENDOR)/hooks.mjs
+	@cp $(WEB)/node_modules/@preact/signals-core/dist/signals-core.mjs $(VENDOR)/signals-core.mjs
+	@cp $(WEB)/node_modules/@preact/signals/dist/signals.mjs $(VENDOR)/signals.mjs
+	@cp $(WEB)/node_modules/htm/dist/htm.mjs $(VENDOR)/htm.mjs
+	@cp $(WEB)/node_modules/mermaid/dist/mermaid.min.js $(VENDOR)/mermaid.min.js
+	@for p in preact @preact/signals @preact/signals-core htm mermaid; do \
+	  cp $(WEB)/node_modules/$$p/LICENSE $(VENDOR)/$$(echo $$p | tr / -).LICENSE; done
+	@touch $@
+
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it; it never
+# downloads a browser of its own).
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "==> installing Debian's chromium for the browser tests (apt-get)"; \
+	    apt-get install -y -qq chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; \
+	  else \
+	    echo "make: error: the browser tests need Debian's chromium: sudo apt-get install chromium"; exit 2; \
+	  fi; }
+
+dashboard: setup
+	@$(GPULAB) dashboard
+
+test-dashboard: setup chromium
+	@$(BIN)/pytest -ra tests/unit/test_dashboard_views.py tests/unit/test_dashboard_chain.py \
+	  tests/unit/test_dashboard_hub.py \
+	  tests/e2e/test_dashboard_browser.py
+
+bench-dashboard: setup chromium
+	@$(BIN)/python -m bench.run dashboard
 
 clean:
 	@$(MAKE) --no-print-directory -C fake-gpu clean

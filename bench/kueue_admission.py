@@ -49,11 +49,11 @@ TIMEOUT = 900.0
 SPEC = {
     "name": "gpulab-bench-kueue",
     "ports": {
-        "apiserver": 44443,
-        "etcd": 44379,
-        "etcdPeer": 44380,
-        "controllerManager": 44257,
-        "scheduler": 44259,
+        "apiserver": 20443,
+        "etcd": 20379,
+        "etcdPeer": 20380,
+        "controllerManager": 20257,
+        "scheduler": 20259,
     },
     "addons": ["kueue"],
     "nodes": [{"name": "node", "count": 10, "cpu": "128", "pods": "250"}],

@@ -6,21 +6,19 @@ import argparse
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
-from gpulab import trace
-from gpulab.kube import api_client
-from gpulab.state import cluster_dir
+from gpulab import informer, trace
+from gpulab.dashboard import chain
 from gpulab.wait import wait_for
-from harness.backends import default_backend, get_backend
+from harness.backends import Backend, ensure_up
 from harness.errors import HarnessError
 from harness.spec import ClusterSpec
 from harness.spec import load as load_spec
@@ -35,22 +33,45 @@ class DemoFailed(HarnessError):
 def ensure_cluster(
     args: argparse.Namespace, addons: tuple[str, ...] = ()
 ) -> tuple[client.ApiClient, ClusterSpec]:
-    """Bring the chosen backend up unless it is already running, with the chapter's
-    ``addons`` (harness/addons; on kind they are deployed from manifests/ at `up`)."""
-    from harness import binaries
+    """Bring the chosen backend up unless it already runs, with the chapter's ``addons``."""
+    return ensure_backend(args, addons)[0].api(), load_spec(args.spec)
+
+
+def ensure_backend(
+    args: argparse.Namespace, addons: tuple[str, ...] = ()
+) -> tuple[Backend, ClusterSpec]:
+    """The demo's cluster (up, with the chapter's components deployed) and its spec."""
     from harness.commands import progress
 
     spec = load_spec(args.spec)
-    name = args.backend or default_backend()
-    backend = get_backend(name, spec)
-    if not backend.running():
-        if name == "local":
-            binaries.build_all(progress)
-        backend.up(progress)
-        (cluster_dir(spec.name) / "backend").write_text(name)
+    backend = ensure_up(spec, args.backend, progress)
     for addon in addons:
         backend.ensure_addon(addon, progress)
-    return api_client(cluster_dir(spec.name) / "kubeconfig"), spec
+    _serve_dashboard(getattr(args, "dashboard", None), backend)
+    return backend, spec
+
+
+# --dashboard: the live page of the demo's cluster (gpulab/dashboard), served by this process
+_dashboard: list[Any] = []
+
+
+def _serve_dashboard(port: int | None, backend: Backend) -> None:
+    if port is None or _dashboard:
+        return
+    from gpulab.dashboard.commands import DEFAULT_PORT
+    from gpulab.dashboard.hub import Hub
+    from gpulab.dashboard.server import start
+    from harness.spec import port_offset
+
+    api = backend.api()
+    hub = Hub(api, str(api.configuration.host)).start()
+    _dashboard.append(start(hub, port or DEFAULT_PORT + port_offset()))
+    say(f"dashboard: {_dashboard[0].url}")
+
+
+def running_dashboard() -> Any:
+    """The dashboard --dashboard started, if any."""
+    return _dashboard[0] if _dashboard else None
 
 
 def chapter(title: str, story: str) -> None:
@@ -101,10 +122,10 @@ def _has_default_sa(core: client.CoreV1Api, ns: str) -> bool:
 class LiveTrace:
     """Follows a namespace's Events (the call-chain trace) and Pod phases, printing both.
 
-    Runs in background threads while the demo acts, so the story appears as it happens.
-    ``also`` adds namespaces whose Events about the ``nodes`` named are shown too (device
-    plugins and kubelet write Node Events into "default"); Events from before the demo
-    started are left out.
+    Informers run in background threads while the demo acts, so the story appears as it
+    happens. ``also`` adds namespaces whose Events about the ``nodes`` named are shown too
+    (device plugins and kubelet write Node Events into "default"); Events from before the
+    demo started are left out.
     """
 
     api: client.ApiClient
@@ -112,19 +133,31 @@ class LiveTrace:
     also: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
     seen: list[trace.TraceEvent] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
     _since: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _informers: list[informer.Informer] = field(default_factory=list)
+    _phases: dict[str, str] = field(default_factory=dict)
 
     def __enter__(self) -> LiveTrace:
-        targets: list[Callable[[], None]] = [self._pods]
-        targets += [lambda ns=ns: self._events(ns) for ns in (self.namespace, *self.also)]
-        for target in targets:
-            threading.Thread(target=target, daemon=True).start()
+        for ns in (self.namespace, *self.also):
+            handlers = informer.Handlers(
+                on_add=lambda ev, ns=ns: self._event(ev, ns),
+                # a repeat of an Event is its series growing (client-go's aggregation)
+                on_update=lambda old, new, ns=ns: (
+                    trace.repeated(informer.Delta("MODIFIED", new, old)) and self._event(new, ns)
+                ),
+            )
+            self._informers.append(informer.Informer(trace.events(self.api, ns), handlers))
+        pods = informer.ListWatch(self.api, informer.PODS, namespace=self.namespace)
+        handlers = informer.Handlers(on_add=self._pod, on_update=lambda _old, new: self._pod(new))
+        self._informers.append(informer.Informer(pods, handlers))
+        for inf in self._informers:
+            inf.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        for inf in self._informers:
+            inf.stop()
 
     def expect(self, steps: set[str], timeout: float = 20.0) -> None:
         """Wait until each step has been seen; Events are written asynchronously and a
@@ -142,46 +175,31 @@ class LiveTrace:
             return True
         return any(ev.regarding == f"Node {node}" for node in self.nodes)
 
-    def _events(self, namespace: str) -> None:
-        while not self._stop.is_set():
-            try:
-                for ev in trace.follow(self.api, namespace, timeout_seconds=5):
-                    if self._stop.is_set():
-                        return
-                    with self._lock:
-                        if ev in self.seen or not self._wanted(ev, namespace):
-                            continue
-                        self.seen.append(ev)
-                    console.print("  " + trace.render_line(ev))
-            except Exception:  # the watch ends on timeout or a blip; follow again
-                time.sleep(0.2)
+    def _event(self, obj: dict[str, Any], namespace: str) -> None:
+        ev = trace.to_trace_event(obj)
+        with self._lock:
+            if ev in self.seen or not self._wanted(ev, namespace):
+                return
+            self.seen.append(ev)
+        console.print("  " + trace.render_line(ev))
 
-    def _pods(self) -> None:
-        phases: dict[str, str] = {}
-        core = client.CoreV1Api(self.api)
-        while not self._stop.is_set():
-            try:
-                w = watch.Watch()
-                for item in w.stream(core.list_namespaced_pod, self.namespace, timeout_seconds=5):
-                    pod = item["object"]
-                    phase = pod.status.phase if pod.status else None
-                    name = pod.metadata.name
-                    if phase and phases.get(name) != phase:
-                        phases[name] = phase
-                        where = f" on {pod.spec.node_name}" if pod.spec.node_name else ""
-                        console.print(
-                            f"  [dim]{time.strftime('%H:%M:%S')}[/dim] "
-                            f"[bold magenta]{'kwok (kubelet)':<22}[/bold magenta] "
-                            f"[bold cyan]{'Pod ' + phase:<18}[/bold cyan] "
-                            f"[green]Pod {self.namespace}/{name}[/green]{where}"
-                        )
-                    if self._stop.is_set():
-                        return
-            except Exception:
-                time.sleep(0.2)
+    def _pod(self, pod: dict[str, Any]) -> None:
+        phase = (pod.get("status") or {}).get("phase")
+        name = pod["metadata"]["name"]
+        if not phase or self._phases.get(name) == phase:
+            return
+        self._phases[name] = phase
+        node = (pod.get("spec") or {}).get("nodeName")
+        where = f" on {node}" if node else ""
+        console.print(
+            f"  [dim]{time.strftime('%H:%M:%S')}[/dim] "
+            f"[bold magenta]{'kwok (kubelet)':<22}[/bold magenta] "
+            f"[bold cyan]{'Pod ' + phase:<18}[/bold cyan] "
+            f"[green]Pod {self.namespace}/{name}[/green]{where}"
+        )
 
     def write_diagram(self, path: Path) -> None:
-        path.write_text(trace.sequence_diagram(self.seen))
+        path.write_text(chain.sequence_diagram(self.seen))  # caller -> callee
         say(f"sequence diagram of this run written to {path}")
 
 

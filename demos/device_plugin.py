@@ -1,8 +1,9 @@
-"""Demo `device-plugin`: NVIDIA k8s-device-plugin's call chain, live.
+"""Demo `device-plugin`: NVIDIA k8s-device-plugin v0.20.0's call chain, live.
 
-    main → Serve → Register → ListAndWatch  (kubelet learns the devices: node capacity)
+    main → startPlugins → Serve → Register → (kubelet) GetDevicePluginOptions → ListAndWatch
     pod bound → GetPreferredAllocation → Allocate  (NVIDIA_VISIBLE_DEVICES=<uuids>)
-    Xid 79 → ListAndWatch (one Unhealthy) → allocatable drops → clear → recovers
+    Xid 79 → CheckHealth → ListAndWatch (one Unhealthy) → allocatable drops; stays down
+    until the plugin restarts
     MIG mixed: nvidia.com/mig-<g>g.<mem>gb resources and MIG UUIDs
 
 Every step is read back from the Events the device plugin and the node agent (kubelet's
@@ -12,7 +13,9 @@ device manager on a kwok node) write as they execute it.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+from pathlib import Path
 
 from kubernetes import client
 from rich.table import Table
@@ -22,19 +25,24 @@ from demos.common import (
     LiveTrace,
     chapter,
     console,
-    ensure_cluster,
+    ensure_backend,
     fresh_namespace,
     ok,
     say,
 )
 from gpulab.fakegpu import faults, profiles
-from gpulab.wait import wait_for
-from harness.addons.device_plugin import fake_gpu_root
-from harness.local import LocalCluster
+from gpulab.nodeagent.policy import annotation_key
+from gpulab.wait import WaitTimeout, wait_for
+from harness.addons.device_plugin import COMPONENT
+from harness.backends import Backend
 
 NAMESPACE = "demo-device-plugin"
-NODE, MIG_NODE = "gpu-a100", "gpu-a100-mig"
+# gpu-h100: 8 GPUs on two NUMA nodes, one NVLink between every pair (so PCIe/NUMA decides),
+# and its two lowest device IDs sit on different NUMA nodes: without GetPreferredAllocation
+# kubelet's fallback would hand out a pair that crosses the socket link.
+NODE, MIG_NODE = "gpu-h100", "gpu-a100-mig"
 BROKEN_GPU = 7
+GPU = "nvidia.com/gpu"
 
 
 def _pod(name: str, node: str, resources: dict[str, str]) -> client.V1Pod:
@@ -56,103 +64,151 @@ def _pod(name: str, node: str, resources: dict[str, str]) -> client.V1Pod:
 
 def _allocation(core: client.CoreV1Api, name: str) -> dict | None:
     pod = core.read_namespaced_pod(name, NAMESPACE)
-    raw = (pod.metadata.annotations or {}).get("gpulab.io/allocate-cuda")
+    raw = (pod.metadata.annotations or {}).get(annotation_key("cuda"))
     return json.loads(raw) if raw else None
 
 
-def _allocatable(core: client.CoreV1Api, node: str, resource: str) -> int:
+def _allocatable(core: client.CoreV1Api, node: str, resource: str = GPU) -> int:
     return int((core.read_node(node).status.allocatable or {}).get(resource, "0"))
 
 
+def _seen_since(live: LiveTrace, since: dt.datetime, component: str, step: str, note: str) -> bool:
+    """Has ``component`` reported ``step`` about NODE (its note containing ``note``)?"""
+    return any(
+        ev.component == component
+        and ev.step == step
+        and ev.regarding == f"Node {NODE}"
+        and note in ev.note
+        and ev.time >= since
+        for ev in list(live.seen)
+    )
+
+
+def _restart_plugin(core: client.CoreV1Api, backend: Backend, live: LiveTrace, gpus: int) -> None:
+    """Delete NODE's plugin pod (the DaemonSet makes a new one) and wait for *its*
+    registration, devices and health check."""
+    since = dt.datetime.now(dt.UTC)
+    pod = backend.restart(COMPONENT, NODE)
+    ok(f"the DaemonSet started pod {pod.metadata.name} on {NODE}")
+    # The old plugin's ListAndWatch ended with its pod (kubelet: allocatable 0); only the
+    # new plugin's Register and ListAndWatch bring the GPUs back. (Its own Events: the
+    # node agent's repeated Register is one Event series, written back only now and then,
+    # as client-go aggregates them.)
+    wait_for(
+        lambda: _seen_since(live, since, "device-plugin", "Register", ""),
+        60,
+        f"the new plugin on {NODE} to register",
+    )
+    wait_for(lambda: _allocatable(core, NODE) == gpus, 30, f"{NODE} to advertise {gpus} GPUs again")
+    # Its health check starts after Register: an Xid from before then would never reach it.
+    wait_for(
+        lambda: _seen_since(live, since, "device-plugin", "CheckHealth", "watching"),
+        30,
+        f"the new plugin's health check on {NODE}",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    api, spec = ensure_cluster(args, addons=("device-plugin",))
+    backend, spec = ensure_backend(args, addons=("device-plugin",))
+    api = backend.api()
     core = client.CoreV1Api(api)
     if {NODE, MIG_NODE} - {n.name for n in spec.nodes}:
         raise DemoFailed(f"this demo needs nodes {NODE} and {MIG_NODE} (the default spec)")
-    local = LocalCluster(spec)
     chapter(
-        "Chapter 1 - the NVIDIA device plugin",
+        "Chapter 1 - the NVIDIA device plugin (k8s-device-plugin v0.20.0, kubelet v1.36.3)",
         "kubelet knows nothing about GPUs. A device plugin reads them through NVML, registers\n"
         "with kubelet over gRPC and streams the device list (ListAndWatch); kubelet advertises\n"
         "them as node capacity and, when a pod is bound, asks the plugin to Allocate some.",
     )
     fresh_namespace(api, NAMESPACE)
-    profile = profiles.load("a100-sxm4-40gb-x8")
+    profile = profiles.load(next(n.profile for n in spec.nodes if n.name == NODE) or "")
+    gpus = len(profile.gpus)
     by_uuid = {profiles.gpu_uuid(NODE, g.index): g for g in profile.gpus}
 
     with LiveTrace(api, NAMESPACE, also=("default",), nodes=(NODE, MIG_NODE)) as live:
-        if local.running():  # the local backend; on kind the DaemonSet registered at `up`
-            say(f"restart the device plugin on {NODE} (as a DaemonSet rollout would)")
-            local.restart_process(f"device-plugin-{NODE}")
-            live.expect({"Serve", "Register", "ListAndWatch", "GetCapacity"})
-        gpus = _allocatable(core, NODE, "nvidia.com/gpu")
-        if gpus != len(profile.gpus):
-            raise DemoFailed(f"{NODE} advertises {gpus} GPUs, the profile has {len(profile.gpus)}")
-        ok(f"{NODE} advertises nvidia.com/gpu: {gpus} — one per GPU NVML reports")
+        say(f"restart the device plugin on {NODE} (as a DaemonSet rollout would)")
+        _restart_plugin(core, backend, live, gpus)
+        ok(f"{NODE} advertises {GPU}: {gpus} — one per GPU NVML reports")
 
-        say("create a pod asking for nvidia.com/gpu: 2 on gpu-a100")
-        core.create_namespaced_pod(NAMESPACE, _pod("pair", NODE, {"nvidia.com/gpu": "2"}))
-        alloc = wait_for(lambda: _allocation(core, "pair"), 60, "the Allocate response")
-        live.expect({"Allocate"})
-        uuids = alloc["envs"]["NVIDIA_VISIBLE_DEVICES"].split(",")
-        numa = {by_uuid[u].numa_node for u in uuids}
-        table = Table(title="Allocate response for pod pair (what the container runtime gets)")
-        table.add_column("GPU UUID")
-        table.add_column("index")
-        table.add_column("NUMA")
-        for u in uuids:
-            table.add_row(u, str(by_uuid[u].index), str(by_uuid[u].numa_node))
-        console.print(table)
-        if len(uuids) != 2 or len(numa) != 1:
-            raise DemoFailed(f"expected 2 GPUs on one NUMA node, got {uuids} (NUMA {numa})")
-        ok(f"NVIDIA_VISIBLE_DEVICES={alloc['envs']['NVIDIA_VISIBLE_DEVICES']} (one NUMA node)")
+        _numa_pair(core, live, by_uuid)
+        _xid_and_recovery(core, backend, live, gpus)
 
-        if local.running():
-            _xid_and_recovery(core, local, len(profile.gpus))
-        else:  # the shim's fault files live in the kind node containers
-            say("fault injection runs on the local backend only; skipping Xid 79")
-
-        say(f"MIG mixed on {MIG_NODE}: one resource per MIG profile")
-        alloc_mig = core.read_node(MIG_NODE).status.allocatable
-        mig_resources = {k: v for k, v in alloc_mig.items() if k.startswith("nvidia.com/mig-")}
-        if not mig_resources:
-            raise DemoFailed(f"{MIG_NODE} advertises no nvidia.com/mig-* resources")
-        for resource, count in sorted(mig_resources.items()):
-            console.print(f"    {resource}: {count}")
-        core.create_namespaced_pod(
-            NAMESPACE, _pod("mig", MIG_NODE, {"nvidia.com/mig-1g.10gb": "1"})
-        )
-        alloc = wait_for(lambda: _allocation(core, "mig"), 60, "the MIG Allocate response")
-        mig_uuid = alloc["envs"]["NVIDIA_VISIBLE_DEVICES"]
-        if not mig_uuid.startswith("MIG-"):
-            raise DemoFailed(f"a MIG pod got {mig_uuid}, not a MIG device UUID")
-        ok(f"pod mig got MIG device {mig_uuid}")
+        _mig(core, live)
     diagram = getattr(args, "diagram", None)
     if diagram:
-        from pathlib import Path
-
         live.write_diagram(Path(diagram))
     return 0
 
 
-def _xid_and_recovery(core: client.CoreV1Api, local: LocalCluster, gpus: int) -> None:
-    """Xid 79 on one GPU → ListAndWatch marks it Unhealthy → allocatable drops; clear."""
-    node_dir = fake_gpu_root(local.dir) / NODE
-    say(f"inject Xid 79 (GPU has fallen off the bus) on {NODE} GPU {BROKEN_GPU}")
-    faults.inject_xid(node_dir, BROKEN_GPU, faults.XID_FALLEN_OFF_BUS)
-    try:
-        wait_for(
-            lambda: _allocatable(core, NODE, "nvidia.com/gpu") == gpus - 1,
-            30,
-            "allocatable to drop by one",
-        )
-        ok(f"ListAndWatch re-sent the list with GPU {BROKEN_GPU} Unhealthy: allocatable 7")
-    finally:
-        say("clear the fault (the GPU is back)")
-        faults.clear(node_dir)
-    wait_for(
-        lambda: _allocatable(core, NODE, "nvidia.com/gpu") == gpus,
-        30,
-        "allocatable to recover",
+def _numa_pair(core: client.CoreV1Api, live: LiveTrace, by_uuid: dict) -> None:
+    say(f"create a pod asking for {GPU}: 2 on {NODE}")
+    core.create_namespaced_pod(NAMESPACE, _pod("pair", NODE, {GPU: "2"}))
+    alloc = wait_for(lambda: _allocation(core, "pair"), 60, "the Allocate response")
+    live.expect({"GetPreferredAllocation", "Allocate"})
+    naive = sorted(by_uuid)[:2]
+    uuids = alloc["envs"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    table = Table(title="Allocate response for pod pair (what the container runtime gets)")
+    for column in ("GPU UUID", "index", "NUMA"):
+        table.add_column(column)
+    for u in uuids:
+        table.add_row(u, str(by_uuid[u].index), str(by_uuid[u].numa_node))
+    console.print(table)
+    numa = {by_uuid[u].numa_node for u in uuids}
+    if len(uuids) != 2 or len(numa) != 1:
+        raise DemoFailed(f"expected 2 GPUs on one NUMA node, got {uuids} (NUMA {numa})")
+    ok(f"NVIDIA_VISIBLE_DEVICES={alloc['envs']['NVIDIA_VISIBLE_DEVICES']} (one NUMA node)")
+    console.print(
+        f"    without GetPreferredAllocation kubelet would have taken GPUs "
+        f"{', '.join(str(by_uuid[u].index) for u in naive)} (NUMA "
+        f"{', '.join(str(by_uuid[u].numa_node) for u in naive)}); go-gpuallocator's "
+        "best-effort policy scores pairs by NVLinks, then by PCIe path"
     )
-    ok("the health check saw it healthy again: allocatable back to 8")
+    console.print(
+        f"    (lab) kubelet keeps this in its checkpoint file; the node agent records it in "
+        f"the pod annotation {annotation_key('cuda')}"
+    )
+
+
+def _xid_and_recovery(core: client.CoreV1Api, backend: Backend, live: LiveTrace, gpus: int) -> None:
+    """Xid 79 → Unhealthy for good → clear (the fake driver only) → restart → healthy."""
+    say(f"inject Xid 79 (GPU has fallen off the bus) on {NODE} GPU {BROKEN_GPU}")
+    backend.inject_fault(NODE, BROKEN_GPU, faults.XID_FALLEN_OFF_BUS)
+    wait_for(lambda: _allocatable(core, NODE) == gpus - 1, 30, "allocatable to drop by one")
+    live.expect({"CheckHealth"})
+    ok(f"CheckHealth saw the Xid; ListAndWatch re-sent the list with GPU {BROKEN_GPU} "
+       f"Unhealthy: allocatable {gpus - 1}, capacity still {gpus}")  # fmt: skip
+
+    say("clear the fault in the simulated driver (lab convenience: `gpulab fake-gpu clear`)")
+    backend.clear_faults(NODE)
+    try:
+        wait_for(lambda: _allocatable(core, NODE) == gpus, 3, "a recovery that must not come")
+    except WaitTimeout:
+        ok(
+            f"still {gpus - 1}: NVML has no 'healthy again' event, and upstream's ListAndWatch "
+            "has no way back from Unhealthy"
+        )
+    else:
+        raise DemoFailed("the plugin marked a GPU Healthy again without a restart")
+
+    say("restart the plugin (what an operator does after a GPU reset: delete its pod)")
+    _restart_plugin(core, backend, live, gpus)
+    ok(
+        f"allocatable back to {gpus}: the new plugin registered a fresh NVML event set, and "
+        "NVML does not replay past events to it"
+    )
+
+
+def _mig(core: client.CoreV1Api, live: LiveTrace) -> None:
+    say(f"MIG mixed on {MIG_NODE}: one resource per MIG profile")
+    alloc_mig = core.read_node(MIG_NODE).status.allocatable
+    mig_resources = {k: v for k, v in alloc_mig.items() if k.startswith("nvidia.com/mig-")}
+    if not mig_resources:
+        raise DemoFailed(f"{MIG_NODE} advertises no nvidia.com/mig-* resources")
+    for resource, count in sorted(mig_resources.items()):
+        console.print(f"    {resource}: {count}")
+    core.create_namespaced_pod(NAMESPACE, _pod("mig", MIG_NODE, {"nvidia.com/mig-1g.10gb": "1"}))
+    alloc = wait_for(lambda: _allocation(core, "mig"), 60, "the MIG Allocate response")
+    mig_uuid = alloc["envs"]["NVIDIA_VISIBLE_DEVICES"]
+    if not mig_uuid.startswith("MIG-"):
+        raise DemoFailed(f"a MIG pod got {mig_uuid}, not a MIG device UUID")
+    ok(f"pod mig got MIG device {mig_uuid}")

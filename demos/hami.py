@@ -236,7 +236,7 @@ def _health_and_metrics(api: client.ApiClient, spec: ClusterSpec, gpu: tuple[str
 def run(args: argparse.Namespace) -> int:
     if args.spec == "default":
         args = argparse.Namespace(**{**vars(args), "spec": SPEC})
-    api, spec = ensure_cluster(args, addons=("device-plugin", "hami"))
+    api, spec = ensure_cluster(args, addons=("hami",))
     chapter(
         "HAMi - sharing GPUs by memory and cores",
         "GPU nodes register their cards in hami.io/node-nvidia-register; the extender's\n"

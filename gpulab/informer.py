@@ -228,19 +228,22 @@ class Delta:
     old: Obj | None = None
 
 
+SYNCED = "SYNCED"
+
+
 def reflect(
     lw: ListWatch,
     store: Store,
     stop: threading.Event,
-    on_synced: Callable[[], None] | None = None,
     watch_seconds: int = WATCH_SECONDS,
     streams: list[WatchStream] | None = None,
 ) -> Iterator[Delta]:
     """client-go's Reflector as a generator: yields every change until ``stop`` is set.
 
-    The first listing arrives as ADDED deltas, then ``on_synced`` is called; later
-    re-listings (after 410 Gone or an error) yield only the differences. The open watch is
-    kept in ``streams`` (if given) so another thread can close it to stop promptly.
+    The first listing arrives as ADDED deltas followed by one ``SYNCED`` delta (client-go's
+    HasSynced); later re-listings (after 410 Gone or an error) yield only the
+    differences. The open watch is kept in ``streams`` (if given) so another thread can
+    close it to stop promptly.
     """
     backoff = _BACKOFF_INITIAL
     synced = False
@@ -250,8 +253,7 @@ def reflect(
             yield from store.replace(items)
             if not synced:
                 synced = True
-                if on_synced is not None:
-                    on_synced()
+                yield Delta(SYNCED, {})
             backoff = _BACKOFF_INITIAL
             while not stop.is_set():
                 rv = yield from _watch_once(lw, store, rv, watch_seconds, stop, streams)
@@ -306,10 +308,9 @@ def _watch_once(
 
 
 def follow(lw: ListWatch, stop: threading.Event | None = None) -> Iterator[Delta]:
-    """Every object now (as ADDED) and every change after, in the caller's thread.
-
-    Ends when ``stop`` is set (checked at each event and at the watch's timeout).
-    """
+    """Every object now (as ADDED, then one SYNCED) and every change after, in the
+    caller's thread. Ends when ``stop`` is set (checked at each event and at the watch's
+    timeout)."""
     return reflect(lw, Store(), stop or threading.Event())
 
 
@@ -364,9 +365,11 @@ class Informer:
         return self._synced.wait(timeout)
 
     def _run(self) -> None:
-        deltas = reflect(self.lw, self.store, self._stop, self._synced.set, streams=self._streams)
-        for delta in deltas:
-            self._dispatch(delta)
+        for delta in reflect(self.lw, self.store, self._stop, streams=self._streams):
+            if delta.type == SYNCED:
+                self._synced.set()
+            else:
+                self._dispatch(delta)
 
     def _dispatch(self, delta: Delta) -> None:
         h = self.handlers

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from kubernetes import client, config
+from kubernetes.config.incluster_config import InClusterConfigLoader
 
 from gpulab.errors import UserError
 
@@ -27,6 +29,26 @@ def default_kubeconfig() -> Path | None:
     return home if home.exists() else None
 
 
+SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Set by the local backend's pod runner, which runs pods as host processes: where each of
+# the container's mount paths is on the host (harness/podrunner/container.py).
+MOUNTS_ENV = "GPULAB_MOUNTS"
+
+
+def mounted(path: str) -> str:
+    """Where an in-container ``path`` is: itself in a real container, the host directory
+    behind its mount when the local backend's pod runner runs the pod."""
+    try:
+        mounts: dict[str, str] = json.loads(os.environ.get(MOUNTS_ENV) or "{}")
+    except ValueError:
+        return path
+    for mount in sorted(mounts, key=len, reverse=True):
+        root = mount.rstrip("/")
+        if path == root or path.startswith(root + "/"):
+            return mounts[mount] + path[len(root) :]
+    return path
+
+
 def in_pod() -> bool:
     """Running as a pod (kind/k3d) with no kubeconfig given: use the ServiceAccount."""
     return "KUBERNETES_SERVICE_HOST" in os.environ and "KUBECONFIG" not in os.environ
@@ -37,7 +59,10 @@ def api_client(kubeconfig: str | Path | None = None) -> client.ApiClient:
     else $KUBECONFIG, the local cluster's kubeconfig or ~/.kube/config."""
     if kubeconfig is None and in_pod():
         cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
+        InClusterConfigLoader(
+            token_filename=mounted(f"{SERVICEACCOUNT_DIR}/token"),
+            cert_filename=mounted(f"{SERVICEACCOUNT_DIR}/ca.crt"),
+        ).load_and_set(client_configuration=cfg)
         return client.ApiClient(cfg)
     path = Path(kubeconfig) if kubeconfig else default_kubeconfig()
     if path is None or not path.exists():

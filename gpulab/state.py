@@ -2,7 +2,8 @@
 
 - cache (survives across clusters and CI runs): ``$XDG_CACHE_HOME/gpulab`` (built binaries)
 - state (one directory per cluster: certificates, kubeconfig, etcd data, logs, pids):
-  ``$XDG_STATE_HOME/gpulab/<cluster>``
+  ``$XDG_STATE_HOME/gpulab/<cluster>``; on the local backend each simulated node's
+  filesystem is ``<cluster>/nodes/<node>/rootfs`` (what its hostPath volumes see)
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ def state_root() -> Path:
 
 def cluster_dir(name: str) -> Path:
     return state_root() / name
+
+
+def node_root(cluster: Path, node: str) -> Path:
+    """A local-backend node's filesystem root (harness/podrunner/volumes.py)."""
+    return cluster / "nodes" / node / "rootfs"
 
 
 def default_cluster_kubeconfig() -> Path | None:

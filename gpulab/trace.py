@@ -8,11 +8,20 @@ One step of an upstream call chain (``ListAndWatch``, ``Allocate``, ``Filter``, 
 - one JSON log line on stderr with the same fields plus the detail.
 
 Events are posted from a background thread: a component's hot path (an extender's
-``/filter``, a plugin's ``Allocate``) never waits for the API server.
+``/filter``, a plugin's ``Allocate``) never waits for the API server. Repeated Events are
+aggregated as client-go's ``tools/events`` broadcaster (v0.36.3) does: an Event with the
+same type, action, reason, reporter and object as one recorded in the last 6 minutes is
+not written again (the lab also requires the same note, as kubelet's legacy recorder
+does, so a series never shows an older note for a newer step); the first repeat turns
+the original into a series (``series.count`` 2, PATCHed at once), later repeats only
+count in memory and the series is written back every 30 minutes and when it ends (6
+minutes without a repeat). The JSON log line is
+written for every step.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import logging
@@ -24,13 +33,28 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from gpulab.informer import EVENTS, SYNCED, Delta, ListWatch, Store, reflect
 
 _log = logging.getLogger("gpulab.trace")
 
 # events.k8s.io/v1 limits `note` to 1 kB.
 _NOTE_LIMIT = 1024
+# client-go tools/events: finishTime and refreshTime
+SERIES_FINISH = 360.0
+SERIES_REFRESH = 1800.0
+
+
+@dataclass
+class _Recorded:
+    """An Event written to the API server, and its series (client-go's eventCache)."""
+
+    event: client.EventsV1Event
+    count: int = 1
+    last: dt.datetime | None = None
+    refreshed: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +66,8 @@ class ObjectRef:
     namespace: str | None = None
     uid: str | None = None
     api_version: str = "v1"
+    # a part of the object, as kubelet names a container: "spec.containers{web}"
+    field_path: str | None = None
 
     @classmethod
     def of(cls, obj: Any) -> ObjectRef:
@@ -87,9 +113,11 @@ class Tracer:
         self.instance = instance or component
         self._stream = stream or sys.stderr
         self._events = client.EventsV1Api(api) if api is not None else None
-        self._queue: queue.Queue[client.EventsV1Event] = queue.Queue(maxsize=10_000)
+        # (create | patch, event); the worker thread writes them in order
+        self._queue: queue.Queue[tuple[str, client.EventsV1Event]] = queue.Queue(maxsize=10_000)
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._recorded: dict[tuple[Any, ...], _Recorded] = {}
 
     def step(
         self,
@@ -114,12 +142,49 @@ class Tracer:
         self._stream.flush()
         if self._events is None or regarding is None:
             return
-        event = self._event(step, regarding, message, warning, now)
         self._ensure_worker()
+        event = self._event(step, regarding, message, warning, now)
+        # client-go's key plus the note: a series never shows an older note for a newer step
+        key = (event.type, step, event.reporting_controller, self.instance, regarding, message)
+        with self._lock:
+            recorded = self._recorded.get(key)
+            if recorded is None:
+                self._recorded[key] = _Recorded(event, refreshed=time.monotonic())
+                self._enqueue("create", event)
+                return
+            recorded.count += 1
+            recorded.last = now
+            if recorded.count == 2:  # the first repeat starts the series at once
+                self._enqueue("patch", self._series(recorded))
+
+    def _enqueue(self, op: str, event: client.EventsV1Event) -> None:
         try:
-            self._queue.put_nowait(event)
+            self._queue.put_nowait((op, event))
         except queue.Full:
-            _log.warning("trace queue full; dropping Event %s for %s", step, regarding)
+            _log.warning("trace queue full; dropping Event %s", event.reason)
+
+    @staticmethod
+    def _series(recorded: _Recorded) -> client.EventsV1Event:
+        # a copy: the original may still wait in the queue to be created
+        event = copy.deepcopy(recorded.event)
+        event.series = client.EventsV1EventSeries(
+            count=recorded.count, last_observed_time=recorded.last
+        )
+        return event
+
+    def _tend_series(self) -> None:
+        """client-go's refreshExistingEventSeries (30 min) and finishSeries (6 min)."""
+        now = dt.datetime.now(dt.UTC)
+        mono = time.monotonic()
+        with self._lock:
+            for key, rec in list(self._recorded.items()):
+                last = rec.last or rec.event.event_time
+                finished = (now - last).total_seconds() > SERIES_FINISH
+                if rec.count > 1 and (finished or mono - rec.refreshed > SERIES_REFRESH):
+                    rec.refreshed = mono
+                    self._enqueue("patch", self._series(rec))
+                if finished:
+                    del self._recorded[key]
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until every queued Event has been posted (demos and tests call this)."""
@@ -138,15 +203,39 @@ class Tracer:
     def _run(self) -> None:
         assert self._events is not None
         while True:
-            event = self._queue.get()
             try:
-                self._events.create_namespaced_event(event.metadata.namespace, event)
+                op, event = self._queue.get(timeout=60)
+            except queue.Empty:
+                self._tend_series()
+                continue
+            try:
+                self._write(op, event)
             except ApiException as exc:
                 _log.warning("could not post Event %s: %s %s", event.reason, exc.status, exc.reason)
             except Exception as exc:  # the API server may be gone; never kill the component
                 _log.warning("could not post Event %s: %s", event.reason, exc)
             finally:
                 self._queue.task_done()
+            if self._queue.empty():
+                self._tend_series()
+
+    def _write(self, op: str, event: client.EventsV1Event) -> None:
+        assert self._events is not None
+        ns = event.metadata.namespace
+        if op == "patch":
+            series = {
+                "count": event.series.count,
+                "lastObservedTime": event.series.last_observed_time.strftime(
+                    "%Y-%m-%dT%H:%M:%S.%fZ"
+                ),
+            }
+            try:
+                self._events.patch_namespaced_event(event.metadata.name, ns, {"series": series})
+                return
+            except ApiException as exc:
+                if exc.status != 404:  # the Event expired meanwhile: create it again
+                    raise
+        self._events.create_namespaced_event(ns, event)
 
     def _event(
         self, step: str, ref: ObjectRef, message: str, warning: bool, now: dt.datetime
@@ -172,6 +261,7 @@ class Tracer:
                 namespace=ref.namespace,
                 uid=ref.uid,
                 api_version=ref.api_version,
+                field_path=ref.field_path,
             ),
         )
 
@@ -186,53 +276,85 @@ class TraceEvent:
     regarding: str
     note: str
     warning: bool
+    count: int = 1  # how often it happened (an Event series)
 
 
-def _to_trace_event(ev: client.CoreV1Event) -> TraceEvent:
-    # Read through core/v1: it shows Events written with either API (kube-scheduler and
-    # the Job controller still write core/v1 ones, which events.k8s.io/v1 models reject
-    # for lacking eventTime).
-    obj = ev.involved_object
+def _time(value: str | None) -> dt.datetime | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def to_trace_event(ev: Mapping[str, Any]) -> TraceEvent:
+    """An Event as the core/v1 API serves it (a dict), as a trace step.
+
+    Read through core/v1: it shows Events written with either API (kube-scheduler and the
+    Job controller still write core/v1 ones).
+    """
+    obj = ev.get("involvedObject") or {}
+    meta = ev.get("metadata") or {}
+    series = ev.get("series") or {}
     when = (
-        ev.event_time or ev.last_timestamp or ev.first_timestamp or ev.metadata.creation_timestamp
+        _time(series.get("lastObservedTime"))
+        or _time(ev.get("eventTime"))
+        or _time(ev.get("lastTimestamp"))
+        or _time(ev.get("firstTimestamp"))
+        or _time(meta.get("creationTimestamp"))
     )
-    component = ev.reporting_component or (ev.source.component if ev.source else None) or "?"
-    where = f"{obj.namespace}/" if obj and obj.namespace else ""
+    component = ev.get("reportingComponent") or (ev.get("source") or {}).get("component") or "?"
+    where = f"{obj['namespace']}/" if obj.get("namespace") else ""
     return TraceEvent(
         time=when or dt.datetime.now(dt.UTC),
         component=component.removeprefix("gpulab.io/"),
-        step=ev.reason or ev.action or "?",
-        regarding=f"{obj.kind} {where}{obj.name}" if obj else "?",
-        note=ev.message or "",
-        warning=ev.type == "Warning",
+        step=ev.get("reason") or ev.get("action") or "?",
+        regarding=f"{obj.get('kind')} {where}{obj.get('name')}" if obj else "?",
+        note=ev.get("message") or "",
+        warning=ev.get("type") == "Warning",
+        count=int(series.get("count") or ev.get("count") or 1),
     )
 
 
+def repeated(delta: Delta) -> bool:
+    """Whether a watch event is a new occurrence: a new Event, or a series that grew."""
+    if delta.type == "ADDED":
+        return True
+    if delta.type != "MODIFIED" or delta.old is None:
+        return False
+    return to_trace_event(delta.obj).count > to_trace_event(delta.old).count
+
+
+def events(api: client.ApiClient, namespace: str) -> ListWatch:
+    """The core/v1 Events of ``namespace``, to follow with gpulab.informer."""
+    return ListWatch(api, EVENTS, namespace=namespace)
+
+
 def follow(
-    api: client.ApiClient, namespace: str, timeout_seconds: int | None = None
+    api: client.ApiClient, namespace: str, stop: threading.Event | None = None
 ) -> Iterator[TraceEvent]:
-    """Yield the Events of ``namespace`` as they are written (existing ones first)."""
-    core = client.CoreV1Api(api)
-    listing = core.list_namespaced_event(namespace)
-    items = sorted(listing.items, key=lambda e: _to_trace_event(e).time)
-    yield from (_to_trace_event(e) for e in items)
-    w = watch.Watch()
-    kwargs: dict[str, Any] = {"resource_version": listing.metadata.resource_version}
-    if timeout_seconds is not None:
-        kwargs["timeout_seconds"] = timeout_seconds
-    for item in w.stream(core.list_namespaced_event, namespace, **kwargs):
-        if item["type"] == "ADDED":
-            yield _to_trace_event(item["object"])
+    """Yield the Events of ``namespace`` as they are written (existing ones first, oldest
+    first), until ``stop`` is set."""
+    first: list[TraceEvent] | None = []
+    for delta in reflect(events(api, namespace), Store(), stop or threading.Event()):
+        if delta.type == SYNCED and first is not None:
+            yield from sorted(first, key=lambda e: e.time)
+            first = None
+        elif repeated(delta):
+            ev = to_trace_event(delta.obj)
+            if first is None:
+                yield ev
+            else:
+                first.append(ev)
 
 
 def render_line(ev: TraceEvent) -> str:
     """One trace step as rich markup, the way demos and `gpulab trace` print it."""
     colour = "red" if ev.warning else "cyan"
+    times = f" [dim](x{ev.count})[/dim]" if ev.count > 1 else ""
     return (
         f"[dim]{ev.time.astimezone().strftime('%H:%M:%S')}[/dim] "
         f"[bold magenta]{ev.component:<22}[/bold magenta] "
         f"[bold {colour}]{ev.step:<18}[/bold {colour}] "
-        f"[green]{ev.regarding}[/green]  {ev.note}"
+        f"[green]{ev.regarding}[/green]  {ev.note}{times}"
     )
 
 

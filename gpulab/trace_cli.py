@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 
 from rich.console import Console
 
@@ -20,6 +21,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
-    for ev in trace.follow(api_client(args.kubeconfig), args.namespace, args.timeout):
+    stop = threading.Event()
+    if args.timeout is not None:
+        threading.Timer(args.timeout, stop.set).start()
+    for ev in trace.follow(api_client(args.kubeconfig), args.namespace, stop):
         console.print(trace.render_line(ev))
     return 0

@@ -1,16 +1,33 @@
-"""Choosing a backend: kind or k3d where a Docker engine answers, local everywhere else."""
+"""The cluster backends and what every one of them offers demos, tests and commands.
+
+    local   real upstream binaries as host processes, kwok nodes, the pod runner (default
+            where no Docker engine answers; what CI runs)
+    kind    Docker containers as nodes (default where a Docker engine answers)
+    k3d     the same with k3s
+    external  an existing cluster from a kubeconfig: the chapters' manifests applied to it
+
+Demos and tests talk to a :class:`Backend` only, never to one backend's class: bring it
+up or down, reach its API server, restart a component (delete its pods; the DaemonSet or
+Deployment brings new ones, on every backend), inject GPU faults into a node's NVML shim.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
+from kubernetes import client
+
+from gpulab.kube import api_client
+from gpulab.state import cluster_dir
+from gpulab.wait import wait_for
 from harness.errors import HarnessError
 from harness.spec import ClusterSpec
 
-BACKENDS = ("local", "kind", "k3d")
+BACKENDS = ("local", "kind", "k3d", "external")
+COMPONENT_LABEL = "app.kubernetes.io/name"
+SYSTEM_NAMESPACE = "gpulab-system"
 
 
 class Progress(Protocol):
@@ -19,6 +36,7 @@ class Progress(Protocol):
 
 class Backend(Protocol):
     spec: ClusterSpec
+    kubeconfig: Path
 
     def up(self, progress: Progress) -> None: ...
 
@@ -26,18 +44,102 @@ class Backend(Protocol):
 
     def running(self) -> bool: ...
 
-    def ensure_addon(self, name: str, progress: Progress) -> None: ...
+    def ensure_addon(self, name: str, progress: Progress) -> None:
+        """Deploy a chapter's components (manifests/<name>/) unless they run already."""
+        ...
+
+    def apply(self, paths: list[Path], progress: Progress) -> None:
+        """Apply manifests the way this backend needs them (harness/apply.py)."""
+        ...
+
+    def api(self) -> client.ApiClient: ...
+
+    def processes(self) -> list[Any]:
+        """Host processes of the cluster (local backend; empty elsewhere)."""
+        ...
+
+    def component_pods(self, component: str, node: str | None = None) -> list[Any]:
+        """The pods of a component (label app.kubernetes.io/name) in gpulab-system."""
+        ...
+
+    def restart(self, component: str, node: str | None = None, timeout: float = 90) -> Any:
+        """Delete a component's pods (on ``node``) and wait for a Ready replacement."""
+        ...
+
+    def inject_fault(self, node: str, gpu: int, xid: int) -> None:
+        """An Xid on one GPU of ``node``, delivered by its NVML shim as an event."""
+        ...
+
+    def clear_faults(self, node: str, gpu: int | None = None) -> None:
+        """Clear injected faults in the shim (the device plugin sees them once only)."""
+        ...
+
+
+def ready_nodes(api: client.ApiClient) -> set[str]:
+    return {
+        n.metadata.name
+        for n in client.CoreV1Api(api).list_node().items
+        if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+    }
+
+
+def pod_ready(pod: client.V1Pod) -> bool:
+    return not pod.metadata.deletion_timestamp and any(
+        c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []
+    )
+
+
+class ClusterAPI:
+    """What every backend does the same way, through the API server."""
+
+    kubeconfig: Path
+
+    def api(self) -> client.ApiClient:
+        return api_client(self.kubeconfig)
+
+    def component_pods(self, component: str, node: str | None = None) -> list[client.V1Pod]:
+        fields = f"spec.nodeName={node}" if node else None
+        return (
+            client.CoreV1Api(self.api())
+            .list_namespaced_pod(
+                SYSTEM_NAMESPACE,
+                label_selector=f"{COMPONENT_LABEL}={component}",
+                field_selector=fields,
+            )
+            .items
+        )
+
+    def restart(self, component: str, node: str | None = None, timeout: float = 90) -> client.V1Pod:
+        """As `kubectl delete pod` does for a DaemonSet's or Deployment's pod: the
+        controller creates a new one, which runs from the start (re-registers ...)."""
+        core = client.CoreV1Api(self.api())
+        old = self.component_pods(component, node)
+        where = f" on {node}" if node else ""
+        if not old:
+            raise HarnessError(f"no {component} pod runs{where} in {SYSTEM_NAMESPACE}")
+        gone = {p.metadata.uid for p in old}
+        for pod in old:
+            core.delete_namespaced_pod(pod.metadata.name, SYSTEM_NAMESPACE)
+
+        def replacement() -> client.V1Pod | None:
+            return next(
+                (
+                    p
+                    for p in self.component_pods(component, node)
+                    if p.metadata.uid not in gone and pod_ready(p)
+                ),
+                None,
+            )
+
+        return wait_for(replacement, timeout, f"a new Ready {component} pod{where}")
 
 
 def docker_available() -> bool:
-    """True when a Docker engine answers (`docker info`), not merely a client installed."""
-    if shutil.which("docker") is None:
-        return False
-    try:
-        proc = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0
+    """True when a Docker engine answers its API (harness/docker.py), not merely a client
+    installed."""
+    from harness.docker import engine_status
+
+    return engine_status()[0]
 
 
 def default_backend() -> str:
@@ -50,7 +152,39 @@ def default_backend() -> str:
     return "kind" if docker_available() else "local"
 
 
-def get_backend(name: str, spec: ClusterSpec) -> Backend:
+def _recorded(spec: ClusterSpec) -> Path:
+    return cluster_dir(spec.name) / "backend"
+
+
+def backend_for(
+    spec: ClusterSpec, explicit: str | None = None, kubeconfig: Path | None = None
+) -> tuple[str, Backend]:
+    """The backend named, else the one this cluster was brought up on, else the default.
+    ``kubeconfig`` is the existing cluster's, for the external backend."""
+    name = explicit
+    if name is None and _recorded(spec).exists():
+        name = _recorded(spec).read_text().strip()
+    name = name or default_backend()
+    return name, get_backend(name, spec, kubeconfig)
+
+
+def ensure_up(
+    spec: ClusterSpec, explicit: str | None, progress: Progress, kubeconfig: Path | None = None
+) -> Backend:
+    """The cluster, brought up on its backend unless it already runs."""
+    name, backend = backend_for(spec, explicit, kubeconfig)
+    if not backend.running():
+        progress(f"bringing up cluster {spec.name!r} on the {name} backend")
+        backend.up(progress)
+        _recorded(spec).write_text(name)
+    return backend
+
+
+def forget(spec: ClusterSpec) -> None:
+    _recorded(spec).unlink(missing_ok=True)
+
+
+def get_backend(name: str, spec: ClusterSpec, kubeconfig: Path | None = None) -> Backend:
     if name == "local":
         from harness.local import LocalCluster
 
@@ -59,4 +193,8 @@ def get_backend(name: str, spec: ClusterSpec) -> Backend:
         from harness.docker import DockerCluster
 
         return DockerCluster(name, spec)
+    if name == "external":
+        from harness.external import ExternalCluster, kubeconfig_for
+
+        return ExternalCluster(spec, kubeconfig_for(spec, kubeconfig))
     raise HarnessError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")

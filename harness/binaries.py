@@ -1,7 +1,12 @@
 """Build the upstream binaries the local backend runs, from Go modules, once per version.
 
+Where the internet is open, ``gpulab build`` first tries the official release binaries
+listed in ``harness/release-binaries.yaml``, installing one only when its SHA-256 matches
+the checksum pinned there (a file without a pinned official checksum is never fetched);
+a failed or disabled download (``--from-source``) falls back to the Go build.
+
 No download site is reachable where this lab is developed, only package registries, so
-every binary is compiled from its Go module:
+there every binary is compiled from its Go module:
 
 - Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl):
   k8s.io/kubernetes cannot be ``go install``-ed because its go.mod replaces each staging
@@ -10,6 +15,9 @@ every binary is compiled from its Go module:
   kubernetes' own go.mod, so it is always the right one for the pinned version.
 - etcd: ``go.etcd.io/etcd/server/v3`` likewise replaces its sibling modules by path.
 - kwok: no replace directives, but built the same way for one code path.
+- scheduler-plugins (a test peer, built on first use by the scheduling chapter's e2e
+  test, not by ``make binaries``): its go.mod pins every k8s.io module with
+  ``mod => mod vX`` replaces, which the wrapper copies as they are.
 
 Binaries land in ``<cache>/bin/<component>-<version>/`` with a ``manifest.json`` of
 sha256 sums, so a corrupt or truncated binary is detected before it is started.
@@ -17,19 +25,25 @@ sha256 sums, so a corrupt or truncated binary is detected before it is started.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
+import yaml
 
 from gpulab.state import cache_dir
 from harness.errors import HarnessError
@@ -37,6 +51,7 @@ from harness.errors import HarnessError
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
+SCHEDULER_PLUGINS_VERSION = "v0.35.4-devel"
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,12 @@ KWOK = Component(
     ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION.lstrip('v')}",),
 )
 COMPONENTS = (ETCD, KUBERNETES, KWOK)
+SCHEDULER_PLUGINS = Component(
+    name="scheduler-plugins",
+    module="sigs.k8s.io/scheduler-plugins",
+    version=SCHEDULER_PLUGINS_VERSION,
+    commands={"scheduler-plugins-kube-scheduler": "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
+)
 
 Progress = Callable[[str], None]
 
@@ -117,7 +138,11 @@ def binary(name: str) -> Path:
 
 
 def verify(comp: Component) -> list[str]:
-    """Problems with a component's cached binaries; empty when all are present and intact."""
+    """Problems with a component's cached binaries; empty when all are present and intact.
+
+    Hashing the binaries takes most of a second; a file whose size and modification time
+    are those recorded at its last full check is not hashed again.
+    """
     manifest_path = comp.bin_dir / "manifest.json"
     if not manifest_path.exists():
         return [f"{comp.name} {comp.version} is not built yet"]
@@ -125,13 +150,28 @@ def verify(comp: Component) -> list[str]:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
         return [f"{manifest_path} is unreadable"]
+    checked_path = comp.bin_dir / "checked.json"
+    try:
+        checked = json.loads(checked_path.read_text())
+    except (OSError, ValueError):
+        checked = {}
     problems = []
     for name in comp.commands:
         path = comp.binary(name)
         if not path.exists():
             problems.append(f"{path} is missing")
-        elif manifest.get(name) != _sha256(path):
+            continue
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns, manifest.get(name)]
+        if checked.get(name) == stamp:
+            continue
+        if manifest.get(name) != _sha256(path):
             problems.append(f"cached binary {path} is corrupt (checksum mismatch)")
+        else:
+            checked[name] = stamp
+    if not problems:
+        with contextlib.suppress(OSError):
+            checked_path.write_text(json.dumps(checked))
     return problems
 
 
@@ -145,8 +185,10 @@ def require_built() -> None:
             )
 
 
-def build_all(progress: Progress, force: bool = False) -> None:
-    go = find_go()
+def build_all(progress: Progress, force: bool = False, from_source: bool = False) -> None:
+    """Every component cached and intact: downloaded (unless ``from_source``) where a
+    pinned official release answers, else built from its Go module."""
+    go: str | None = None
     for comp in COMPONENTS:
         problems = verify(comp)
         if not problems and not force:
@@ -154,7 +196,129 @@ def build_all(progress: Progress, force: bool = False) -> None:
             continue
         if problems and "not built yet" not in problems[0]:
             progress(f"{comp.name} {comp.version}: {problems[0]}; rebuilding")
+        if not from_source:
+            try:
+                download(comp, release_for(comp), progress)
+                continue
+            except DownloadError as exc:
+                progress(f"{comp.name} {comp.version}: {exc}; building from source instead")
+        go = go or find_go()
         build(comp, go, progress)
+
+
+# ---------------------------------------------------------------- official release binaries
+
+RELEASES = Path(__file__).resolve().parent / "release-binaries.yaml"
+DOWNLOAD_TIMEOUT = 30.0
+
+
+class DownloadError(HarnessError):
+    """A release binary could not be had (or was refused); the Go build runs instead."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One official release file of a component and what to take out of it."""
+
+    url: str
+    sha256: str | None  # the published checksum of that file; None: never downloaded
+    members: dict[str, str] = field(default_factory=dict)  # binary -> path in the tar.gz
+
+
+def machine_arch() -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        platform.machine(), platform.machine()
+    )
+
+
+def release_for(comp: Component, arch: str | None = None) -> Release:
+    """The pinned release file of ``comp`` for this machine (harness/release-binaries.yaml)."""
+    arch = arch or machine_arch()
+    entry = yaml.safe_load(RELEASES.read_text())[comp.name]
+
+    def fill(text: str) -> str:
+        return text.format(version=comp.version, arch=arch)
+
+    members = {name: fill(path) for name, path in (entry.get("members") or {}).items()}
+    return Release(fill(entry["url"]), (entry.get("sha256") or {}).get(arch), members)
+
+
+def download(comp: Component, release: Release, progress: Progress) -> None:
+    """Fetch ``release``, check its SHA-256 against the pinned one and install the
+    component's binaries from it; a file that does not match is deleted, never installed."""
+    if not release.sha256:
+        raise DownloadError(f"no official checksum is pinned for {release.url}")
+    parts = cache_dir() / "download"
+    parts.mkdir(parents=True, exist_ok=True)
+    part = parts / (release.url.rsplit("/", 1)[-1] + ".part")
+    try:
+        digest = _fetch(release.url, part, comp, progress)
+        if digest != release.sha256:
+            raise DownloadError(
+                f"{release.url} does not match its pinned checksum (sha256 {digest}, "
+                f"pinned {release.sha256}); not installed"
+            )
+        out_dir = comp.bin_dir.with_name(comp.bin_dir.name + ".tmp")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out_dir.mkdir(parents=True)
+        _install(part, release, comp, out_dir)
+    finally:
+        part.unlink(missing_ok=True)
+    manifest = {name: _sha256(out_dir / name) for name in comp.commands}
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    shutil.rmtree(comp.bin_dir, ignore_errors=True)
+    out_dir.rename(comp.bin_dir)
+    progress(f"{comp.name} {comp.version}: installed the official release in {comp.bin_dir}")
+
+
+def _fetch(url: str, dest: Path, comp: Component, progress: Progress) -> str:
+    """Stream ``url`` into ``dest`` with progress; the file's SHA-256."""
+    digest = hashlib.sha256()
+    try:
+        with httpx.stream("GET", url, follow_redirects=True, timeout=DOWNLOAD_TIMEOUT) as resp:
+            if resp.status_code != 200:
+                raise DownloadError(f"{url} answered {resp.status_code} {resp.reason_phrase}")
+            total = int(resp.headers.get("Content-Length") or 0)
+            got, last = 0, time.monotonic()
+            progress(f"{comp.name} {comp.version}: downloading {url}")
+            with dest.open("wb") as out:
+                for chunk in resp.iter_bytes(1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    got += len(chunk)
+                    if time.monotonic() - last > 2:
+                        last = time.monotonic()
+                        share = f" ({100 * got // total}%)" if total else ""
+                        progress(f"{comp.name}: {got >> 20} MiB{share}")
+    except httpx.HTTPError as exc:
+        raise DownloadError(f"{url} could not be downloaded: {exc}") from None
+    return digest.hexdigest()
+
+
+def _install(archive: Path, release: Release, comp: Component, out_dir: Path) -> None:
+    if not release.members:  # the file is the (one) binary
+        (name,) = comp.commands
+        shutil.copyfile(archive, out_dir / name)
+        (out_dir / name).chmod(0o755)
+        return
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for name, member in release.members.items():
+                src = tar.extractfile(member)
+                if src is None:
+                    raise KeyError(member)
+                with (out_dir / name).open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                (out_dir / name).chmod(0o755)
+    except (tarfile.TarError, KeyError, EOFError, OSError) as exc:
+        raise DownloadError(f"{release.url}: not the release archive expected ({exc})") from None
+
+
+def peer_binary(comp: Component, name: str, progress: Progress) -> Path:
+    """A test peer's binary, built (once, then cached) the first time it is asked for."""
+    if verify(comp):
+        build(comp, find_go(), progress)
+    return comp.binary(name)
 
 
 def find_go() -> str:
@@ -240,10 +404,11 @@ def _write_wrapper(comp: Component, go: str, work: Path, env: dict[str, str]) ->
         f"require {comp.module} {comp.version}",
         "",
     ]
-    replaces = _path_replaces(gomod, comp)
+    replaces = [(mod, mod, ver) for mod, ver in _path_replaces(gomod, comp)]
+    replaces += _version_replaces(gomod)
     if replaces:
         lines.append("replace (")
-        lines += [f"\t{mod} => {mod} {ver}" for mod, ver in replaces]
+        lines += [f"\t{mod} => {target} {ver}" for mod, target, ver in replaces]
         lines.append(")")
     (work / "go.mod").write_text("\n".join(lines) + "\n")
 
@@ -260,6 +425,12 @@ def _path_replaces(gomod: str, comp: Component) -> list[tuple[str, str]]:
             continue
         out.append((mod, staged_version))
     return out
+
+
+def _version_replaces(gomod: str) -> list[tuple[str, str, str]]:
+    """``mod => other vX.Y.Z`` replaces, kept as they are."""
+    pattern = r"^\s*(?:replace\s+)?(\S+)\s+=>\s+([^.\s]\S*)\s+(v\S+)\s*$"
+    return [(m, t, v) for m, t, v in re.findall(pattern, gomod, re.M)]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> str:

@@ -7,13 +7,14 @@ import os
 import sys
 from pathlib import Path
 
+from kubernetes import client
 from rich.console import Console
 
 from gpulab.state import cluster_dir
 from harness import binaries
-from harness.backends import BACKENDS, default_backend, get_backend
+from harness.backends import BACKENDS, backend_for, ensure_up, forget
 from harness.errors import HarnessError
-from harness.spec import ClusterSpec
+from harness.local import pid_alive
 from harness.spec import load as load_spec
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -26,6 +27,11 @@ def progress(message: str) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build the upstream binaries (cached per version)")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.add_argument(
+        "--from-source",
+        action="store_true",
+        help="build from the Go modules; do not try the official release binaries",
+    )
     p.set_defaults(func=cmd_build)
 
     for name, func, text in (
@@ -41,6 +47,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _spec_args(p)
     p.add_argument("paths", nargs="*", type=Path)
     p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser(
+        "pod-runner",
+        help="(local backend, started by `gpulab up`) run the lab's own pods on kwok nodes",
+    )
+    p.add_argument("--kubeconfig", type=Path, required=True)
+    p.add_argument("--cluster-dir", type=Path, required=True, help="the cluster's state dir")
+    p.add_argument("--block", type=int, required=True, help="K of the cluster's 127.K.0.0/16")
+    p.add_argument("--api-port", type=int, required=True, help="the API server's port")
+    p.add_argument(
+        "--backoff-initial", type=float, default=10.0, help="container restart back-off (s)"
+    )
+    p.add_argument("--backoff-max", type=float, default=300.0, help="maximum back-off (s)")
+    p.set_defaults(func=cmd_pod_runner)
 
     p = sub.add_parser("kubectl", help="run the lab's kubectl against the cluster", add_help=False)
     p.add_argument("--spec", default=os.environ.get("GPULAB_SPEC", "default"))
@@ -60,59 +80,44 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("GPULAB_BACKEND"),
         help="default: kind if a Docker engine answers, else local; env GPULAB_BACKEND",
     )
-
-
-def _backend_name(args: argparse.Namespace, spec: ClusterSpec) -> str:
-    if args.backend:
-        return args.backend
-    recorded = cluster_dir(spec.name) / "backend"
-    if recorded.exists():
-        return recorded.read_text().strip()
-    return default_backend()
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="--backend external: the existing cluster's kubeconfig; env GPULAB_KUBECONFIG",
+    )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    binaries.build_all(progress, force=args.force)
+    binaries.build_all(progress, force=args.force, from_source=args.from_source)
     return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    name = args.backend or default_backend()
-    if name == "local":
-        binaries.build_all(progress)
-    backend = get_backend(name, spec)
-    progress(f"bringing up cluster {spec.name!r} on the {name} backend")
-    backend.up(progress)
-    (cluster_dir(spec.name) / "backend").write_text(name)
-    console.print(f"export KUBECONFIG={cluster_dir(spec.name) / 'kubeconfig'}", highlight=False)
+    backend = ensure_up(spec, args.backend, progress, args.kubeconfig)
+    progress(f"cluster {spec.name} is up")
+    console.print(f"export KUBECONFIG={backend.kubeconfig}", highlight=False)
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    get_backend(_backend_name(args, spec), spec).down(progress)
-    (cluster_dir(spec.name) / "backend").unlink(missing_ok=True)
+    _, backend = backend_for(spec, args.backend, args.kubeconfig)
+    backend.down(progress)
+    forget(spec)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from kubernetes import client
-
-    from gpulab.kube import api_client
-
     spec = load_spec(args.spec)
-    name = _backend_name(args, spec)
-    backend = get_backend(name, spec)
+    name, backend = backend_for(spec, args.backend, args.kubeconfig)
     if not backend.running():
         console.print(f"cluster {spec.name!r} ({name}) is not running")
         return 1
-    if name == "local":
-        for proc, pid, alive in backend.status():  # type: ignore[attr-defined]
-            state = "[green]running[/green]" if alive else "[red]exited[/red]"
-            console.print(f"  {proc:<26} pid {pid:<8} {state}")
-    core = client.CoreV1Api(api_client(cluster_dir(spec.name) / "kubeconfig"))
-    for node in core.list_node().items:
+    for rec in backend.processes():
+        state = "[green]running[/green]" if pid_alive(rec.pid, rec.exe) else "[red]exited[/red]"
+        console.print(f"  {rec.name:<26} pid {rec.pid:<8} {state}")
+    for node in client.CoreV1Api(backend.api()).list_node().items:
         ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
         gpus = (node.status.allocatable or {}).get("nvidia.com/gpu", "0")
         console.print(
@@ -123,20 +128,27 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from gpulab.kube import api_client
-    from harness.apply import MANIFESTS, apply
+    from harness.apply import MANIFESTS
 
     spec = load_spec(args.spec)
-    kubeconfig = cluster_dir(spec.name) / "kubeconfig"
-    if not kubeconfig.exists():
+    _, backend = backend_for(spec, args.backend, args.kubeconfig)
+    if not backend.running():
         raise HarnessError(f"cluster {spec.name!r} is not up; run `gpulab up` first")
-    transform = None
-    if _backend_name(args, spec) == "local":
-        from harness.local import LocalCluster
-
-        transform = LocalCluster(spec).apply_transform()
-    apply(api_client(kubeconfig), args.paths or [MANIFESTS], progress, transform)
+    backend.apply(args.paths or [MANIFESTS], progress)
     return 0
+
+
+def cmd_pod_runner(args: argparse.Namespace) -> int:
+    from harness.podrunner import main
+
+    return main.run(
+        args.kubeconfig,
+        args.cluster_dir,
+        args.block,
+        args.api_port,
+        args.backoff_initial,
+        args.backoff_max,
+    )
 
 
 def cmd_kubectl(args: argparse.Namespace) -> int:
@@ -146,4 +158,5 @@ def cmd_kubectl(args: argparse.Namespace) -> int:
         raise HarnessError("kubectl is not built yet; run `make binaries`")
     env = {**os.environ, "KUBECONFIG": str(cluster_dir(spec.name) / "kubeconfig")}
     sys.stdout.flush()
-    os.execve(kubectl, [str(kubectl), *args.args], env)
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    os.execve(kubectl, [str(kubectl), *rest], env)

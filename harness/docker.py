@@ -1,16 +1,24 @@
 """The kind and k3d backends: the same lab in Docker containers, for a workshop laptop.
 
 Written to kind's and k3d's documentation; they cannot run where this lab is developed
-(no Docker engine), so what is verified there is the exact command sequence
-(tests/unit/test_harness_docker.py) and every manifest against the local backend's real
-API server. On a laptop with Docker:
+(no Docker engine), so what is verified there is the exact command sequence and the Docker
+Engine API conversation against a fake engine (tests/unit/test_harness_docker.py), the
+rendered kind config against kind's own Go types (tests/component/test_kind_config.py), and
+every manifest against the local backend's real API server. On a laptop with Docker:
 
-    kind: docker build → kind create cluster --config kind-config.yaml → kind load
-          docker-image → apply manifests/base and device-plugin → wait for nodes;
-          a chapter's demo then applies its manifests/<chapter>/ (ensure_addon), each
-          webhook Service with a serving-cert Secret and caBundle from the harness's CA
-    k3d:  docker build → k3d cluster create --config <rendered> → k3d kubeconfig write
-          → k3d image import → apply manifests/ → wait for nodes
+    kind: build gpulab:dev (Docker Engine API) → kind create cluster --config
+          kind-config.yaml → (image present?) kind load docker-image → apply
+          manifests/base and device-plugin → wait for nodes; a chapter's demo then
+          applies its manifests/<chapter>/ (ensure_addon), each webhook Service with a
+          serving-cert Secret and caBundle from the harness's CA
+    k3d:  build gpulab:dev → k3d cluster create --config <rendered> → k3d kubeconfig
+          write → (image present?) k3d image import → apply manifests/ → wait for nodes
+
+The lab's own Docker work goes through the Docker SDK (the ``docker`` package: engine
+detection, image build with streamed progress, image checks); kind and k3d stay CLIs.
+Targeted releases: kind v0.33.0 with its published node image for Kubernetes 1.36
+(``KIND_NODE_IMAGE``: no v1.36.3 node image was published, v1.36.4 is the nearest, one
+patch ahead of the local backend), k3d v5.8 with ``rancher/k3s:v1.36.3-k3s1``.
 
 Each worker node carries its GPU profile as a file mounted at
 ``/etc/fake-gpu/profile.yaml`` (kind extraMounts, k3d volumes) and the label
@@ -19,26 +27,38 @@ Each worker node carries its GPU profile as a file mounted at
 
 from __future__ import annotations
 
-import base64
+import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import docker
 import yaml
+from docker.errors import APIError, DockerException, ImageNotFound
+from kubernetes import client
+from kubernetes.utils import parse_quantity
 
 from gpulab.fakegpu import profiles
+from gpulab.nodeagent.topology import MACHINE_INFO, KubeletConfig, MachineInfo
 from gpulab.state import cluster_dir
-from harness import pki
+from gpulab.wait import WaitTimeout, wait_for
+from harness import addons, pki
+from harness.backends import SYSTEM_NAMESPACE, ClusterAPI, ready_nodes
 from harness.errors import HarnessError
-from harness.spec import ClusterSpec
+from harness.spec import PROFILE_MOUNT, ClusterSpec, NodeSpec, node_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "gpulab:dev"
-PROFILE_MOUNT = "/etc/fake-gpu/profile.yaml"
 K3S_IMAGE = "rancher/k3s:v1.36.3-k3s1"
+KIND_VERSION = "v0.33.0"
+# kind v0.33.0's release notes list this image (with its digest, as kind asks images to be
+# pinned) for Kubernetes 1.36; kind published no v1.36.3 node image.
+KIND_NODE_IMAGE = (
+    "kindest/node:v1.36.4@sha256:099e049362a1526b2db71494e1947aae99bd16290d7c895f2b7ea312e3cbfaed"
+)
+K3D_VERSION = "v5.8"
 
 Runner = Callable[[Sequence[str]], None]
 Progress = Callable[[str], None]
@@ -51,12 +71,75 @@ def run_command(argv: Sequence[str]) -> None:
         raise HarnessError(f"`{' '.join(argv)}` failed with exit code {proc.returncode}")
 
 
-def _worker_labels(node: Any) -> dict[str, str]:
-    labels = {"gpulab.io/spec-node": node.name, **node.labels}
-    if node.profile:
-        labels["gpulab.io/gpu-profile"] = profiles.load(node.profile).name
-        labels["nvidia.com/gpu.present"] = "true"
-    return labels
+# ---------------------------------------------------------------- Docker Engine API
+
+
+def engine() -> docker.DockerClient:
+    """A client for the Docker engine ($DOCKER_HOST, else the default socket); raises
+    HarnessError with the reason when no engine answers."""
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        return docker.from_env(timeout=10)  # asks the engine its API version: it must answer
+    except DockerException as exc:
+        reason = str(exc).split("(Caused by", 1)[0].strip().rstrip(":")
+        raise HarnessError(f"no Docker engine answers at {where}: {reason}") from None
+
+
+def engine_status() -> tuple[bool, str]:
+    """(True, "Docker Engine 27.1.1 (API 1.46)") or (False, why none answers)."""
+    try:
+        client = engine()
+        version = client.version()
+    except (HarnessError, DockerException) as exc:
+        return False, str(exc)
+    return True, f"Docker Engine {version.get('Version')} (API {version.get('ApiVersion')})"
+
+
+def build_image(
+    client: docker.DockerClient, progress: Progress, context: Path = ROOT, tag: str = IMAGE
+) -> str:
+    """Build ``context``'s Dockerfile and tag it ``tag``, streaming the build's own
+    output as progress; returns the image ID."""
+    progress(f"building {tag} from {context / 'Dockerfile'}")
+    try:
+        stream = client.api.build(path=str(context), tag=tag, rm=True, decode=True)
+        image_id = _follow_build(stream, progress)
+    except APIError as exc:
+        raise HarnessError(f"docker build of {tag} failed: {exc.explanation or exc}") from None
+    progress(f"built {tag} ({image_id[:19]})")
+    return image_id
+
+
+def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress) -> str:
+    """The Engine's build stream: ``stream`` lines are the build's output, ``error`` ends
+    it, ``aux.ID`` names the image built."""
+    image_id = ""
+    for chunk in stream:
+        if "error" in chunk:
+            detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+            raise HarnessError(f"docker build failed: {detail.strip()}")
+        line = (chunk.get("stream") or chunk.get("status") or "").strip()
+        if line:
+            progress(f"  {line}")
+        image_id = chunk.get("aux", {}).get("ID", image_id)
+    if not image_id:
+        raise HarnessError("docker build ended without naming an image")
+    return image_id
+
+
+def require_image(client: docker.DockerClient, image: str) -> str:
+    """The image's ID; a clear error when the engine does not have it."""
+    try:
+        return str(client.images.get(image).id)
+    except ImageNotFound:
+        raise HarnessError(
+            f"image {image} is not in the Docker engine; build it first "
+            f"(`gpulab up` builds {IMAGE}) or `docker pull {image}`"
+        ) from None
+
+
+def _worker_labels(node: NodeSpec) -> dict[str, str]:
+    return {"gpulab.io/spec-node": node.name, **node_labels(node)}
 
 
 def _profile_path(node: Any, relative: bool) -> str:
@@ -64,11 +147,32 @@ def _profile_path(node: Any, relative: bool) -> str:
     return f"./{path.relative_to(ROOT)}" if relative else str(path)
 
 
-def kind_config(spec: ClusterSpec, relative_paths: bool = True) -> dict[str, Any]:
-    """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node."""
-    nodes: list[dict[str, Any]] = [{"role": "control-plane"}]
+def kubelet_patch(spec: ClusterSpec) -> dict[str, Any] | None:
+    """The spec's kubelet settings as a KubeletConfiguration patch (None: kind's defaults).
+    The static CPU manager needs CPUs reserved for the system, as kubelet insists."""
+    if spec.kubelet == KubeletConfig():
+        return None
+    patch = yaml.safe_load(spec.kubelet.to_yaml())
+    if spec.kubelet.cpu_manager_policy == "static":
+        patch["reservedSystemCPUs"] = "0"
+    return dict(patch)
+
+
+def kind_config(
+    spec: ClusterSpec, relative_paths: bool = True, machine_dir: Path | None = None
+) -> dict[str, Any]:
+    """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node.
+
+    Each GPU worker mounts its GPU profile; with ``machine_dir`` (where `up` writes them)
+    also the lab's machine file (the node's NUMA layout) where the topology updater reads it.
+    """
+    nodes: list[dict[str, Any]] = [{"role": "control-plane", "image": KIND_NODE_IMAGE}]
     for node in spec.nodes:
-        worker: dict[str, Any] = {"role": "worker", "labels": _worker_labels(node)}
+        worker: dict[str, Any] = {
+            "role": "worker",
+            "image": KIND_NODE_IMAGE,
+            "labels": _worker_labels(node),
+        }
         if node.profile:
             worker["extraMounts"] = [
                 {
@@ -77,13 +181,25 @@ def kind_config(spec: ClusterSpec, relative_paths: bool = True) -> dict[str, Any
                     "readOnly": True,
                 }
             ]
+            if machine_dir is not None:
+                worker["extraMounts"].append(
+                    {
+                        "hostPath": str(machine_dir / f"{node.name}.yaml"),
+                        "containerPath": f"/var/lib/kubelet/{MACHINE_INFO}",
+                        "readOnly": True,
+                    }
+                )
         nodes.append(worker)
-    return {
+    config: dict[str, Any] = {
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
         "name": spec.name,
         "nodes": nodes,
     }
+    patch = kubelet_patch(spec)
+    if patch is not None:
+        config["kubeadmConfigPatches"] = [yaml.safe_dump(patch, sort_keys=False)]
+    return config
 
 
 def k3d_config(spec: ClusterSpec) -> dict[str, Any]:
@@ -116,38 +232,7 @@ def k3d_config(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
-def serving_secrets(
-    ca: pki.KeyPair, directory: Path, docs: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """A ``<service>-tls`` Secret (kubernetes.io/tls) for each Service a webhook calls,
-    its certificate signed by ``ca`` for the Service's in-cluster DNS names."""
-    from harness.apply import webhook_services
-
-    secrets = []
-    for name, namespace in sorted(webhook_services(docs)):
-        hosts = (
-            name,
-            f"{name}.{namespace}",
-            f"{name}.{namespace}.svc",
-            f"{name}.{namespace}.svc.cluster.local",
-        )
-        pair = pki.issue(ca, directory, f"{name}-{namespace}", hosts[2], hosts=hosts)
-        secrets.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {"name": f"{name}-tls", "namespace": namespace},
-                "data": {
-                    "tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
-                    "tls.key": base64.b64encode(pair.key.read_bytes()).decode(),
-                },
-            }
-        )
-    return secrets
-
-
-class DockerCluster:
+class DockerCluster(ClusterAPI):
     """kind or k3d, chosen by ``tool``; ``runner`` is injectable so tests see the commands."""
 
     def __init__(self, tool: str, spec: ClusterSpec, runner: Runner = run_command) -> None:
@@ -160,12 +245,11 @@ class DockerCluster:
         self.kubeconfig = self.dir / "kubeconfig"
 
     def commands_up(self) -> list[list[str]]:
-        """The exact commands `up` runs, in order."""
-        build = ["docker", "build", "-t", IMAGE, "-f", str(ROOT / "Dockerfile"), str(ROOT)]
+        """The exact commands `up` runs, in order, after building the image (Docker
+        SDK) and before loading it (:meth:`commands_load`)."""
         name = self.spec.name
         if self.tool == "kind":
             return [
-                build,
                 [
                     "kind",
                     "create",
@@ -179,14 +263,16 @@ class DockerCluster:
                     "--wait",
                     "120s",
                 ],
-                ["kind", "load", "docker-image", IMAGE, "--name", name],
             ]
         return [
-            build,
             ["k3d", "cluster", "create", "--config", str(self.dir / "k3d-config.yaml"), "--wait"],
             ["k3d", "kubeconfig", "write", name, "--output", str(self.kubeconfig)],
-            ["k3d", "image", "import", IMAGE, "--cluster", name],
         ]
+
+    def commands_load(self, image: str = IMAGE) -> list[str]:
+        if self.tool == "kind":
+            return ["kind", "load", "docker-image", image, "--name", self.spec.name]
+        return ["k3d", "image", "import", image, "--cluster", self.spec.name]
 
     def commands_down(self) -> list[list[str]]:
         if self.tool == "kind":
@@ -206,16 +292,24 @@ class DockerCluster:
     def write_config(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.tool == "kind":
+            machines = self.dir / "machines"
+            machines.mkdir(exist_ok=True)
+            for node in self.spec.nodes:
+                if node.profile:
+                    cpus, memory = int(parse_quantity(node.cpu)), int(parse_quantity(node.memory))
+                    info = MachineInfo.of(node.name, node.profile, cpus, memory)
+                    (machines / f"{node.name}.yaml").write_text(info.to_yaml())
             path = self.dir / "kind-config.yaml"
-            path.write_text(
-                yaml.safe_dump(kind_config(self.spec, relative_paths=False), sort_keys=False)
-            )
+            config = kind_config(self.spec, relative_paths=False, machine_dir=machines)
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
         else:
             path = self.dir / "k3d-config.yaml"
             path.write_text(yaml.safe_dump(k3d_config(self.spec), sort_keys=False))
         return path
 
     def check_tools(self, which: Callable[[str], str | None] = shutil.which) -> None:
+        """kind/k3d on PATH (they drive the Docker CLI themselves, so it must be there
+        too) and a Docker engine that answers."""
         for tool in ("docker", self.tool):
             if which(tool) is None:
                 raise HarnessError(
@@ -225,18 +319,24 @@ class DockerCluster:
 
     def up(self, progress: Progress) -> None:
         self.check_tools()
+        client = engine()
         self.write_config()
+        build_image(client, progress)
         for argv in self.commands_up():
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
+        self.load_image(IMAGE, progress, client)
         pki.create_ca(self.pki_dir())
-        self._apply(["base", "device-plugin"], progress)
+        self._apply(["base"], progress)
         self._wait_nodes(progress)
+        for addon in self.spec.addons:
+            self.ensure_addon(addon, progress)
 
     def ensure_addon(self, name: str, progress: Progress) -> None:
         """Deploy a chapter's components (manifests/<name>/) on the running cluster."""
-        if name == "device-plugin":
-            return  # the DaemonSet is part of `up`
+        if name not in addons.LOCAL_ONLY:
+            addons.start(name, self, progress)
+            return
         if name == "hami":
             # HAMi needs the device plugin in HAMi mode on its nodes; the DaemonSet here
             # runs the NVIDIA mode, so the chapter has its own local cluster (--spec hami)
@@ -246,15 +346,16 @@ class DockerCluster:
         self._apply([name], progress)
 
     def _apply(self, dirs: list[str], progress: Progress) -> None:
-        """Apply manifests/<dir>/ with serving-cert Secrets and caBundles from our CA."""
-        from gpulab.kube import api_client
-        from harness.apply import MANIFESTS, ServiceTransform, apply, load_documents
+        from harness.apply import MANIFESTS
+
+        self.apply([MANIFESTS / d for d in dirs], progress)
+
+    def apply(self, paths: list[Path], progress: Progress) -> None:
+        """Apply manifests with serving-cert Secrets and caBundles from our CA."""
+        from harness.apply import ServiceTransform, apply
 
         ca = pki.KeyPair(self.pki_dir() / "ca.crt", self.pki_dir() / "ca.key")
-        paths = [MANIFESTS / d for d in dirs]
-        secrets = serving_secrets(ca, self.pki_dir(), load_documents(paths))
-        transform = ServiceTransform(ca.cert.read_bytes())
-        apply(api_client(self.kubeconfig), paths, progress, transform, extra=secrets)
+        apply(self.api(), paths, progress, ServiceTransform(ca, self.pki_dir()))
 
     def pki_dir(self) -> Path:
         path = self.dir / "pki"
@@ -262,24 +363,31 @@ class DockerCluster:
         return path
 
     def _wait_nodes(self, progress: Progress) -> None:
-        from kubernetes import client
+        want = len(self.spec.nodes) + 1  # the workers and the control plane
+        seen: list[int] = []
 
-        from gpulab.kube import api_client
+        def all_ready() -> bool:
+            ready = len(ready_nodes(self.api()))
+            if not seen or seen[-1] != ready:
+                seen.append(ready)
+                progress(f"nodes Ready: {ready}/{want}")
+            return ready == want
 
-        core = client.CoreV1Api(api_client(self.kubeconfig))
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            nodes = core.list_node().items
-            ready = [
-                n
-                for n in nodes
-                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-            ]
-            progress(f"nodes Ready: {len(ready)}/{len(self.spec.nodes) + 1}")
-            if len(ready) == len(self.spec.nodes) + 1:
-                return
-            time.sleep(5)
-        raise HarnessError(f"{self.tool} nodes not Ready after 300s; see `kubectl get nodes`")
+        try:
+            wait_for(all_ready, 300, "nodes", interval=5)
+        except WaitTimeout:
+            raise HarnessError(
+                f"{self.tool} nodes not Ready after 300s; see `kubectl get nodes`"
+            ) from None
+
+    def load_image(
+        self, image: str, progress: Progress, client: docker.DockerClient | None = None
+    ) -> None:
+        """`kind load docker-image` / `k3d image import`, once the engine has the image."""
+        require_image(client or engine(), image)
+        argv = self.commands_load(image)
+        progress(f"$ {' '.join(argv)}")
+        self.run(argv)
 
     def down(self, progress: Progress) -> None:
         for argv in self.commands_down():
@@ -288,3 +396,46 @@ class DockerCluster:
 
     def running(self) -> bool:
         return self.kubeconfig.exists()
+
+    def processes(self) -> list[Any]:
+        return []  # the components are pods in the node containers
+
+    def _fake_gpu(self, node: str, *args: str) -> None:
+        """`gpulab fake-gpu ...` inside the node's device-plugin pod, where the shim's
+        state is (the DaemonSet's /var/lib/fake-gpu)."""
+        from kubernetes.stream import stream
+
+        pods = self.component_pods("gpulab-device-plugin", self._worker(node))
+        if not pods:
+            raise HarnessError(f"no device-plugin pod runs on {node}; fault injection needs it")
+        command = ["gpulab", "fake-gpu", *args, "--node", self._worker(node)]
+        command += ["--state-dir", "/var/lib/fake-gpu"]
+        core = client.CoreV1Api(self.api())
+        stream(
+            core.connect_get_namespaced_pod_exec,
+            pods[0].metadata.name,
+            SYSTEM_NAMESPACE,
+            container="device-plugin",
+            command=command,
+            stderr=True,
+            stdout=True,
+            stdin=False,
+            tty=False,
+        )
+
+    def _worker(self, node: str) -> str:
+        """The kind/k3d node standing for spec node ``node`` (label gpulab.io/spec-node)."""
+        nodes = (
+            client.CoreV1Api(self.api())
+            .list_node(label_selector=f"gpulab.io/spec-node={node}")
+            .items
+        )
+        if not nodes:
+            raise HarnessError(f"no {self.tool} node stands for spec node {node!r}")
+        return str(nodes[0].metadata.name)
+
+    def inject_fault(self, node: str, gpu: int, xid: int) -> None:
+        self._fake_gpu(node, "inject", "--gpu", str(gpu), "--xid", str(xid))
+
+    def clear_faults(self, node: str, gpu: int | None = None) -> None:
+        self._fake_gpu(node, "clear", *(["--gpu", str(gpu)] if gpu is not None else []))

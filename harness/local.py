@@ -20,6 +20,7 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,20 +29,52 @@ from typing import Any
 
 import httpx
 import yaml
+from kubernetes.utils import parse_quantity
 
+from gpulab.fakegpu import faults, paths, profiles
+from gpulab.nodeagent.topology import KUBELET_CONFIG, MACHINE_INFO, MachineInfo
 from gpulab.state import cluster_dir
+from gpulab.wait import WaitTimeout, wait_for
 from harness import addons, binaries, pki
 from harness.apply import MANIFESTS, LocalTransform, apply
+from harness.backends import ClusterAPI
 from harness.errors import HarnessError
-from harness.ports import port_in_use
-from harness.spec import ClusterSpec, node_object
+from harness.podrunner import network, runtime, volumes
+from harness.ports import free_port, port_in_use
+from harness.spec import PROFILE_MOUNT, ClusterSpec, node_object
 
 Progress = Callable[[str], None]
 
 HERE = Path(__file__).resolve().parent
-SERVICE_CIDR = "10.96.0.0/16"
 START_TIMEOUT = 90.0
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+POD_RUNNER = "pod-runner"
+GPULAB = [sys.executable, "-m", "gpulab"]  # a lab command as a host process
+# The controllers a lab cluster uses. Pod IPs here are loopback addresses, which
+# Endpoints may not hold, so the endpoint controllers are left out (the pod runner's
+# service proxy reads the pods); so are volume, cloud and quota controllers nobody uses,
+# which also makes the controller-manager start seconds sooner.
+CONTROLLERS = (
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "namespace-controller",
+    "garbage-collector-controller",
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "cronjob-controller",
+    "ttl-after-finished-controller",
+    "disruption-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "pod-garbage-collector-controller",
+    "clusterrole-aggregation-controller",
+    "certificatesigningrequest-approving-controller",
+    "certificatesigningrequest-signing-controller",
+)
 
 
 @dataclass
@@ -72,7 +105,7 @@ def pid_alive(pid: int, exe: str | None = None) -> bool:
     return cmdline.split(b"\0")[0].decode() == exe
 
 
-class LocalCluster:
+class LocalCluster(ClusterAPI):
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
         self.dir = cluster_dir(spec.name)
@@ -81,6 +114,7 @@ class LocalCluster:
         self._state_file = self.dir / "cluster.json"
         # processes started by this Python process: their exit status explains a failure
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._block: int | None = None
 
     # ---------------------------------------------------------------- state
 
@@ -95,6 +129,8 @@ class LocalCluster:
         return [ProcessRecord(**p) for p in data.get("processes", [])]
 
     def _save(self, procs: list[ProcessRecord]) -> None:
+        if self._block is None and self._state_file.exists():
+            self._block = json.loads(self._state_file.read_text()).get("block")
         state = {
             "name": self.spec.name,
             "spec": str(self.spec.path) if self.spec.path else None,
@@ -102,6 +138,7 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig),
             "processes": [asdict(p) for p in procs],
             "addons": self._addons(),
+            "block": self._block,
         }
         tmp = self._state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1))
@@ -119,17 +156,21 @@ class LocalCluster:
             return
         if self.processes():  # a previous cluster died half-way: clear what is left
             self.down(lambda _m: None)
-        binaries.require_built()
+        binaries.build_all(progress)  # nothing to do when cached
         self._check_ports()
         started = time.monotonic()
         self._prepare_dir()
         try:
             self._start_control_plane(progress)
             self._create_nodes(progress)
-            self._wait_ready(progress)
+            self._start_pod_runner(progress)
+            # nothing below waits for the controller-manager's first seconds: the base
+            # manifests and the chapters' objects go in while it starts (each addon then
+            # waits for its own components), the node and health checks come last
             self._apply_base(progress)
             for addon in self.spec.addons:
                 self.ensure_addon(addon, progress)
+            self._wait_ready(progress)
         except BaseException:
             progress("start-up failed; stopping what was started")
             self.down(lambda _m: None)
@@ -262,8 +303,10 @@ class LocalCluster:
                 f"--service-account-key-file={pk / 'sa.pub'}",
                 f"--service-account-signing-key-file={pk / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={network.SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
+                # kwok serves `kubectl logs` on the node's InternalIP (127.0.0.1)
+                "--kubelet-preferred-address-types=InternalIP",
                 "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",
                 # 127.0.0.1 may not be an Endpoints address; nothing in-cluster dials it
@@ -292,8 +335,11 @@ class LocalCluster:
                 f"--root-ca-file={pk / 'ca.crt'}",
                 f"--cluster-signing-cert-file={pk / 'ca.crt'}",
                 f"--cluster-signing-key-file={pk / 'ca.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={network.SERVICE_CIDR}",
                 "--profiling=false",
+                # Pod IPs here are loopback addresses, which Endpoints may not hold; the
+                # pod runner's service proxy reads the pods instead (podrunner/proxy.py)
+                "--controllers=" + ",".join(CONTROLLERS),
             ],
             ports=[p["controllerManager"]],
         )
@@ -310,6 +356,10 @@ class LocalCluster:
             ],
             ports=[p["scheduler"]],
         )
+        # kwok reads the Logs objects of the lab's own pods (`kubectl logs`)
+        apply(self.api(), [HERE / "kwok-crds.yaml"], lambda _m: None)
+        kwok_port = free_port()
+        kwok_cert = self.issue_serving_cert("kwok", "kwok")
         self.start_process(
             "kwok",
             [
@@ -319,7 +369,13 @@ class LocalCluster:
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 "--node-lease-duration-seconds=40",
                 "--node-ip=127.0.0.1",
+                f"--node-port={kwok_port}",
+                f"--server-address=127.0.0.1:{kwok_port}",
+                f"--tls-cert-file={kwok_cert.cert}",
+                f"--tls-private-key-file={kwok_cert.key}",
+                "--enable-crds=Logs",
             ],
+            ports=[kwok_port],
         )
 
     def start_process(
@@ -366,8 +422,8 @@ class LocalCluster:
         return rec
 
     def restart_process(self, name: str) -> ProcessRecord:
-        """Stop a process and start it again with the same command line and environment,
-        as a crash-and-restart (or a kubelet restarting a plugin pod) would."""
+        """Stop a host process and start it again with the same command line and
+        environment (a node agent re-reading its kubelet config)."""
         rec = self.stop_process(name)
         return self.start_process(rec.name, rec.argv, rec.ports, rec.env, rec.service)
 
@@ -397,63 +453,133 @@ class LocalCluster:
             kwargs["verify"] = False
         elif tls:
             kwargs["verify"] = self.admin_ssl_context()
-        deadline = time.monotonic() + START_TIMEOUT
         with httpx.Client(**kwargs) as client:
-            while time.monotonic() < deadline:
-                self.check_alive()
+
+            def healthy() -> bool:
+                self.check_alive()  # a component that died says so at once
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(url).status_code == 200:
-                        return
-                time.sleep(0.1)
-        raise HarnessError(f"{what} did not become healthy in {START_TIMEOUT:.0f}s ({url})")
+                    return client.get(url).status_code == 200
+                return False
+
+            try:
+                wait_for(healthy, START_TIMEOUT, f"{what} ({url})", interval=0.1)
+            except WaitTimeout:
+                raise HarnessError(
+                    f"{what} did not become healthy in {START_TIMEOUT:.0f}s ({url})"
+                ) from None
 
     # ---------------------------------------------------------------- nodes
 
-    def api(self) -> Any:
-        from gpulab.kube import api_client
+    # ---------------------------------------------------------------- GPUs
 
-        return api_client(self.kubeconfig)
+    def fake_gpu_dir(self, node: str) -> Path:
+        """The node's NVML shim state (config, faults.log): /var/lib/fake-gpu/<node> on the
+        node, where the device plugin's init container renders it."""
+        return volumes.host_path(self.dir, node, paths.NODE_STATE_DIR) / node
+
+    def inject_fault(self, node: str, gpu: int, xid: int) -> None:
+        faults.inject_xid(self.fake_gpu_dir(node), gpu, xid)
+
+    def clear_faults(self, node: str, gpu: int | None = None) -> None:
+        faults.clear(self.fake_gpu_dir(node), gpu)
+
+    # ---------------------------------------------------------------- nodes
 
     def _create_nodes(self, progress: Progress) -> None:
         from kubernetes import client
 
         core = client.CoreV1Api(self.api())
-        # With the device-plugin addon the node agent advertises the GPUs, as kubelet does
-        static = "device-plugin" not in self.spec.addons
+        # With an addon that deploys a device plugin the node agent advertises the GPUs,
+        # as kubelet does
+        static = not addons.DEVICE_PLUGINS & set(self.spec.addons)
         for node in self.spec.nodes:
             core.create_node(node_object(node, static_gpus=static))
         gpus = sum(1 for n in self.spec.nodes if n.profile)
         progress(f"created {len(self.spec.nodes)} simulated nodes ({gpus} with GPUs)")
+
+    def _start_pod_runner(self, progress: Progress) -> None:
+        """kubelet for the lab's own pods (harness/podrunner), on the cluster's own
+        loopback block, and a node agent (kubelet's device manager) per GPU node; each
+        node gets the files kind would mount into its container."""
+        for node in self.spec.nodes:
+            (self.dir / "nodes" / node.name / "device-plugins").mkdir(parents=True, exist_ok=True)
+            # /run is a tmpfs: a node starts without what its pods left there last time
+            _rmtree(volumes.host_path(self.dir, node.name, "/run"))
+            if node.profile:
+                mounted = volumes.host_path(self.dir, node.name, PROFILE_MOUNT)
+                mounted.parent.mkdir(parents=True, exist_ok=True)
+                mounted.write_text(profiles.resolve(node.profile).read_text())
+        block = self._block = network.acquire_block(self.dir)
+        for node in self.spec.nodes:
+            if node.profile:  # kubelet's device manager, for the node's device plugin pods
+                root = volumes.kubelet_root(self.dir, node.name)
+                (root / KUBELET_CONFIG).write_text(self.spec.kubelet.to_yaml())
+                # what kubelet learns from the machine (cAdvisor): its NUMA nodes
+                machine = MachineInfo.of(
+                    node.name,
+                    node.profile,
+                    int(parse_quantity(node.cpu)),
+                    int(parse_quantity(node.memory)),
+                )
+                (root / MACHINE_INFO).write_text(machine.to_yaml())
+                sockets = volumes.host_path(self.dir, node.name, volumes.DEVICE_PLUGIN_DIR)
+                self.start_process(
+                    f"node-agent-{node.name}",
+                    [
+                        *GPULAB,
+                        "node-agent",
+                        f"--node-name={node.name}",
+                        f"--socket-dir={sockets}",
+                        f"--kubeconfig={self.kubeconfig}",
+                    ],
+                )
+        self.start_process(
+            POD_RUNNER,
+            [
+                *GPULAB,
+                "pod-runner",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--cluster-dir={self.dir}",
+                f"--block={block}",
+                f"--api-port={self.spec.ports['apiserver']}",
+            ],
+        )
+        progress(
+            f"pod runner started: pods at 127.{block}.128.0/17, Services at 127.{block}.0.0/17"
+        )
 
     def _wait_ready(self, progress: Progress) -> None:
         from kubernetes import client
 
         api = self.api()
         core = client.CoreV1Api(api)
-        deadline = time.monotonic() + START_TIMEOUT
         want = {n.name for n in self.spec.nodes}
-        last = -1
-        while time.monotonic() < deadline:
+        ready: set[str] = set()
+
+        def all_ready() -> bool:
             self.check_alive()
-            ready = {
+            now = {
                 n.metadata.name
                 for n in core.list_node().items
                 if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-            }
-            if len(ready & want) != last:
-                last = len(ready & want)
-                progress(f"nodes Ready: {last}/{len(want)}")
+            } & want
+            if now != ready:
+                ready.clear()
+                ready.update(now)
+                progress(f"nodes Ready: {len(now)}/{len(want)}")
             # Pods need the namespace's default ServiceAccount (made by the controller-manager).
-            if want <= ready and _has_default_sa(core):
-                for name in ("controller-manager", "scheduler"):
-                    port = self.spec.ports["controllerManager" if name[0] == "c" else "scheduler"]
-                    self.wait_http(f"https://127.0.0.1:{port}/healthz", name, verify=False)
-                return
-            time.sleep(0.2)
-        raise HarnessError(
-            f"nodes not Ready after {START_TIMEOUT:.0f}s: {sorted(want - ready)}; "
-            f"see {self.dir / 'logs' / 'kwok.log'}"
-        )
+            return want <= now and _has_default_sa(core)
+
+        try:
+            wait_for(all_ready, START_TIMEOUT, "nodes to be Ready")
+        except WaitTimeout:
+            raise HarnessError(
+                f"nodes not Ready after {START_TIMEOUT:.0f}s: {sorted(want - ready)}; "
+                f"see {self.dir / 'logs' / 'kwok.log'}"
+            ) from None
+        for name, key in (("controller-manager", "controllerManager"), ("scheduler", "scheduler")):
+            port = self.spec.ports[key]
+            self.wait_http(f"https://127.0.0.1:{port}/healthz", name, verify=False)
 
     def ensure_addon(self, name: str, progress: Progress) -> None:
         """Start an addon (harness/addons) on this running cluster unless it already runs.
@@ -474,9 +600,23 @@ class LocalCluster:
             return []
         return list(json.loads(self._state_file.read_text()).get("addons", []))
 
-    def apply_transform(self) -> LocalTransform:
+    def apply_transform(self, dry_run_workloads: bool = False) -> LocalTransform:
+        """How manifests meet this cluster (harness/apply.py); ``dry_run_workloads`` for an
+        addon whose host processes stand in for its Deployments/DaemonSets."""
         services = {r.service: r.ports[0] for r in self.processes() if r.service and r.ports}
-        return LocalTransform((self.pki / "ca.crt").read_bytes(), services)
+        ca = pki.KeyPair(self.pki / "ca.crt", self.pki / "ca.key")
+        return LocalTransform(ca, self.pki, self.block, services, dry_run_workloads)
+
+    @property
+    def block(self) -> int | None:
+        """K of the cluster's loopback block 127.K.0.0/16 (harness/podrunner/network.py),
+        None while the cluster is down."""
+        if not self._state_file.exists():
+            return None
+        return json.loads(self._state_file.read_text()).get("block")
+
+    def apply(self, paths: list[Path], progress: Progress) -> None:
+        apply(self.api(), paths, progress, self.apply_transform())
 
     def issue_serving_cert(self, stem: str, cn: str) -> pki.KeyPair:
         """A serving cert for a component on 127.0.0.1, signed by the cluster CA."""
@@ -501,17 +641,17 @@ class LocalCluster:
         for rec in reversed(control):
             _stop(rec)
         ports = [port for rec in procs for port in rec.ports]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(port_in_use(p) for p in ports):
-            time.sleep(0.05)
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: not any(port_in_use(p) for p in ports), 10, "ports", 0.05)
         busy = [p for p in ports if port_in_use(p)]
+        left = runtime.kill_leftovers(self.dir)
+        if left:
+            progress(f"stopped {left} process(es) left behind by the cluster's pods")
         self._state_file.unlink(missing_ok=True)
+        network.release_block(self.dir)
         if busy:
             raise HarnessError(f"ports {busy} are still in use after stopping the cluster")
         progress(f"cluster {self.spec.name} stopped ({len(procs)} processes)")
-
-    def status(self) -> list[tuple[str, int, bool]]:
-        return [(r.name, r.pid, pid_alive(r.pid, r.exe)) for r in self.processes()]
 
 
 def _stop(*recs: ProcessRecord, grace: float = 10.0) -> None:
@@ -520,9 +660,8 @@ def _stop(*recs: ProcessRecord, grace: float = 10.0) -> None:
     for rec in alive:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(rec.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(pid_alive(r.pid, r.exe) for r in alive):
-        time.sleep(0.02)
+    with contextlib.suppress(WaitTimeout):
+        wait_for(lambda: not any(pid_alive(r.pid, r.exe) for r in alive), grace, "exit", 0.02)
     for rec in alive:
         if pid_alive(rec.pid, rec.exe):
             with contextlib.suppress(ProcessLookupError):

@@ -4,7 +4,7 @@ A spec is a small YAML file (``harness/clusters/*.yaml`` ships a few)::
 
     name: gpulab                 # cluster name: state dir, kubeconfig context
     ports:                       # all on 127.0.0.1; each must be free
-      apiserver: 36443
+      apiserver: 21443
     nodes:
       - name: gpu-a100           # one node ...
         profile: a100-sxm4-40gb-x8
@@ -14,7 +14,9 @@ A spec is a small YAML file (``harness/clusters/*.yaml`` ships a few)::
         profile: t4-x4
       - name: cpu-only           # no profile: a node without GPUs
         cpu: "16"
-    addons: [device-plugin]      # local backend: components started with the cluster
+    addons: [device-plugin]      # chapters deployed with the cluster (harness/addons)
+    kubelet:                     # every GPU node's kubelet (KubeletConfiguration fields)
+      topologyManagerPolicy: single-numa-node
 
 With the ``device-plugin`` addon each GPU node gets a device plugin + node agent (kind
 runs the DaemonSet instead); a node may set ``devicePlugin: {migStrategy: mixed,
@@ -31,21 +33,34 @@ from typing import Any
 
 import yaml
 
+from gpulab.deviceplugin.config import MIG_STRATEGIES
+from gpulab.deviceplugin.configmanager import NODE_LABEL as CONFIG_LABEL
 from gpulab.fakegpu import profiles
+from gpulab.nodeagent.topology import KubeletConfig
 from harness.addons import ADDONS
 from harness.errors import HarnessError
 
 SPEC_DIR = Path(__file__).resolve().parent / "clusters"
 
+# Every spec's ports lie below 32768, out of Linux's ephemeral range (32768-60999), where
+# a client connection of any process could hold one for a moment. Each spec takes its own
+# block of 1,000 (tests/unit/test_harness_spec.py checks the shipped specs): 21xxx default,
+# 22xxx e2e, 23xxx hami, 24xxx hami-e2e, 25xxx lifecycle test, 26xxx start bench,
+# 27xxx device-plugin-e2e, 28xxx plugin-project test, 29xxx external-backend test,
+# 11xxx scheduling, 12xxx scheduling-e2e, 13xxx volcano, 14xxx volcano-e2e, 15xxx
+# kueue-hami-e2e, 16xxx dashboard-e2e, 17xxx dashboard bench, 18xxx gpu-operator, 19xxx
+# gpu-operator-e2e, 20xxx kueue bench, 10xxx hami bench, 30xxx labs, 31xxx volcano bench.
 DEFAULT_PORTS = {
-    "apiserver": 36443,
-    "etcd": 32379,
-    "etcdPeer": 32380,
-    "controllerManager": 30257,
-    "scheduler": 30259,
+    "apiserver": 21443,
+    "etcd": 21379,
+    "etcdPeer": 21380,
+    "controllerManager": 21257,
+    "scheduler": 21259,
 }
 
-MIG_STRATEGIES = ("none", "single", "mixed")
+# Where every backend puts a GPU node's profile on the node (kind: extraMounts; local: the
+# node's rootfs), for the device plugin's init container to render the NVML shim config.
+PROFILE_MOUNT = "/etc/fake-gpu/profile.yaml"
 
 # Shifts every port of every spec: a second checkout on the same machine (with its own
 # $XDG_STATE_HOME) can then run the same specs beside the first.
@@ -79,6 +94,34 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     path: Path | None = None
     addons: tuple[str, ...] = ()
+    # every GPU node's kubelet settings (the Topology Manager and its CPU/memory managers)
+    kubelet: KubeletConfig = field(default_factory=KubeletConfig)
+
+
+# spec key -> (KubeletConfig field, allowed values), as KubeletConfiguration spells them
+KUBELET_SETTINGS = {
+    "topologyManagerPolicy": (
+        "topology_manager_policy",
+        ("none", "best-effort", "restricted", "single-numa-node"),
+    ),
+    "topologyManagerScope": ("topology_manager_scope", ("container", "pod")),
+    "cpuManagerPolicy": ("cpu_manager_policy", ("none", "static")),
+    "memoryManagerPolicy": ("memory_manager_policy", ("None", "Static")),
+}
+
+
+def _parse_kubelet(raw: Any) -> KubeletConfig:
+    if not isinstance(raw, dict):
+        raise HarnessError("'kubelet' must be a mapping of KubeletConfiguration settings")
+    values = {}
+    for key, value in raw.items():
+        if key not in KUBELET_SETTINGS:
+            raise HarnessError(f"kubelet.{key}: unknown; known: {', '.join(KUBELET_SETTINGS)}")
+        attr, allowed = KUBELET_SETTINGS[key]
+        if value not in allowed:
+            raise HarnessError(f"kubelet.{key}: {value!r} is not one of {', '.join(allowed)}")
+        values[attr] = value
+    return KubeletConfig(**values)
 
 
 def port_offset() -> int:
@@ -149,7 +192,14 @@ def parse(data: Any, path: Path | None = None) -> ClusterSpec:
     addons = data.get("addons") or []
     if not isinstance(addons, list) or any(a not in ADDONS for a in addons):
         raise HarnessError(f"'addons' must be a list of: {', '.join(ADDONS)}; got {addons!r}")
-    return ClusterSpec(name=name, ports=ports, nodes=tuple(nodes), path=path, addons=tuple(addons))
+    return ClusterSpec(
+        name=name,
+        ports=ports,
+        nodes=tuple(nodes),
+        path=path,
+        addons=tuple(addons),
+        kubelet=_parse_kubelet(data.get("kubelet") or {}),
+    )
 
 
 def _parse_node(raw: Any, n: int) -> list[NodeSpec]:
@@ -204,6 +254,40 @@ def _parse_device_plugin(raw: Any, n: int) -> DevicePluginConfig:
     return DevicePluginConfig(strategy, replicas, bool(raw.get("hami", False)))
 
 
+# NFD's label for a node with an NVIDIA PCI device (vendor 10de), which the GPU Operator
+# selects GPU nodes by; the lab gives it to every node with a GPU profile, as NFD would.
+NFD_NVIDIA_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+# HAMi's device plugin DaemonSet runs on nodes labelled gpu=on (HAMi's documented label).
+HAMI_NODE_LABEL = "gpu"
+
+
+def device_plugin_config_name(settings: DevicePluginConfig) -> str:
+    """The named config (manifests/device-plugin ConfigMap) a node's ``devicePlugin:``
+    settings select through the label nvidia.com/device-plugin.config."""
+    parts = []
+    if settings.mig_strategy != "none":
+        parts.append(f"mig-{settings.mig_strategy}")
+    if settings.replicas > 1:
+        parts.append(f"time-slicing-{settings.replicas}")
+    return "-".join(parts) or "default"
+
+
+def node_labels(node: NodeSpec) -> dict[str, str]:
+    """The labels a spec node carries on every backend: the spec's own, the GPU profile,
+    NFD's PCI label, and the label that places (and configures) its device plugin: NVIDIA's
+    (nvidia.com/gpu.present, nvidia.com/device-plugin.config) or HAMi's (gpu=on)."""
+    labels = dict(node.labels)
+    if node.profile is not None:
+        labels["gpulab.io/gpu-profile"] = profiles.load(node.profile).name
+        labels[NFD_NVIDIA_LABEL] = "true"
+        if node.device_plugin.hami:
+            labels[HAMI_NODE_LABEL] = "on"
+        else:
+            labels["nvidia.com/gpu.present"] = "true"
+            labels[CONFIG_LABEL] = device_plugin_config_name(node.device_plugin)
+    return labels
+
+
 def node_object(node: NodeSpec, static_gpus: bool = True) -> dict[str, Any]:
     """The Node the harness creates for kwok to manage.
 
@@ -216,14 +300,10 @@ def node_object(node: NodeSpec, static_gpus: bool = True) -> dict[str, Any]:
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "type": "kwok",
-        **node.labels,
+        **node_labels(node),
     }
-    if node.profile is not None:
-        profile = profiles.load(node.profile)
-        if static_gpus:
-            capacity["nvidia.com/gpu"] = str(len(profile.gpus))
-        labels["gpulab.io/gpu-profile"] = profile.name
-        labels["nvidia.com/gpu.present"] = "true"
+    if node.profile is not None and static_gpus:
+        capacity["nvidia.com/gpu"] = str(len(profiles.load(node.profile).gpus))
     return {
         "apiVersion": "v1",
         "kind": "Node",

@@ -42,6 +42,7 @@ typedef enum {
 typedef struct fg_device *nvmlDevice_t;
 typedef struct fg_event_set *nvmlEventSet_t;
 typedef struct fg_device *nvmlGpuInstance_t; /* a MIG device stands for its GPU instance */
+typedef struct fg_device *nvmlComputeInstance_t; /* an entry of the shim's CI table */
 
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
@@ -125,6 +126,67 @@ typedef struct {
     unsigned int profileId;
     nvmlGpuInstancePlacement_t placement;
 } nvmlGpuInstanceInfo_t;
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_* and NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_* */
+#define NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE 0
+#define NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE 1
+#define NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE 2
+#define NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE 3
+#define NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE 4
+#define NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE 5
+#define NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE 6
+#define NVML_COMPUTE_INSTANCE_PROFILE_COUNT 9
+#define NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT 1
+
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlComputeInstancePlacement_t;
+
+typedef struct {
+    unsigned int id;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+/* v3 appends `capabilities` to the v2 layout */
+typedef struct {
+    nvmlComputeInstanceProfileInfo_v2_t v2;
+    unsigned int capabilities;
+} nvmlComputeInstanceProfileInfo_v3_t;
+
+#define nvmlComputeInstanceProfileInfo_v2 \
+    ((unsigned int)(sizeof(nvmlComputeInstanceProfileInfo_v2_t) | (2u << 24)))
+#define nvmlComputeInstanceProfileInfo_v3 \
+    ((unsigned int)(sizeof(nvmlComputeInstanceProfileInfo_v3_t) | (3u << 24)))
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id;
+    unsigned int profileId;
+    nvmlComputeInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
 
 typedef struct {
     unsigned int multiprocessorCount;

@@ -1,6 +1,9 @@
 /* fake-gpu: a libnvidia-ml.so.1 (NVIDIA Management Library) that serves the GPUs of a
  * gpulab profile. Exports the NVML entry points device plugins, GPU feature discovery and
- * MIG managers call; see fake-gpu/README.md for the environment and file formats. */
+ * MIG managers call; see fake-gpu/README.md for the environment and file formats.
+ * Semantics (events, MIG instances, struct layouts) follow nvml.h as NVIDIA/go-nvml
+ * v0.13.3 ships it; MIG mode and instances can be changed (mig-parted's calls) and
+ * persist in the node's MIG state file. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <libgen.h>
@@ -15,13 +18,13 @@
 
 #include "config.h"
 #include "faultlog.h"
+#include "mig.h"
 #include "nvml_types.h"
 
 #define NVML_API __attribute__((visibility("default")))
 
 #define POLL_INTERVAL_MS 50
 #define EVENT_QUEUE_CAP 128
-#define MAX_ACTIVE_FAULTS 32
 #define NO_INSTANCE 0xFFFFFFFFu
 
 /* One entry per physical GPU and per MIG slot; a handle is a pointer into g_dev, so
@@ -49,7 +52,13 @@ static int g_loaded;
 static int g_logged;
 static struct fg_config g_cfg;
 static char g_log_path[PATH_MAX + 32];
+static char g_state_path[PATH_MAX + 32]; /* the node's MIG state file (fg_state_save) */
 static struct fg_device g_dev[FG_MAX_GPUS * (1 + FG_MAX_MIG)];
+/* Compute instances: one per GPU instance slot (each GPU instance holds at most one
+ * compute instance, of its own size). */
+static struct fg_device g_ci[FG_MAX_GPUS * FG_MAX_MIG];
+/* NVLink wiring: the peer GPU behind each link of each GPU, -1 for an inactive link. */
+static int g_link_peer[FG_MAX_GPUS][NVML_NVLINK_MAX_LINKS];
 static struct fg_event_set *g_sets;
 
 /* ---------------------------------------------------------------- init */
@@ -69,6 +78,50 @@ static struct fg_device *mig_slot(unsigned int gpu, unsigned int mig)
     return &g_dev[FG_MAX_GPUS + gpu * FG_MAX_MIG + mig];
 }
 
+/* The GPU instance handles (MIG slots of g_dev) and compute instance handles (g_ci) of a
+ * GPU follow its instance table: a destroyed instance's handle becomes invalid. */
+static void sync_handles(unsigned int gpu)
+{
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+        const struct fg_mig *m = &g_cfg.gpus[gpu].mig[j];
+        *mig_slot(gpu, j) = (struct fg_device){m->present, gpu, (int)j};
+        g_ci[gpu * FG_MAX_MIG + j] = (struct fg_device){m->present && m->has_ci, gpu, (int)j};
+    }
+}
+
+static int is_peer(const struct fg_gpu *g, unsigned int other)
+{
+    for (unsigned int p = 0; p < g->npeers; p++)
+        if (g->peers[p] == other)
+            return 1;
+    return 0;
+}
+
+/* Wire each GPU's links to its NVLink peers so that both ends of a pair count the same
+ * number of links (go-gpuallocator scores a pair from either side): every pair of peers
+ * gets min(links/peers) of its two GPUs, consecutive links per peer, the rest inactive.
+ * An 8-GPU all-to-all board with 12 links per GPU thus has one link per pair. */
+static void wire_nvlinks(void)
+{
+    for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
+        const struct fg_gpu *g = &g_cfg.gpus[i];
+        unsigned int link = 0;
+        for (unsigned int l = 0; l < NVML_NVLINK_MAX_LINKS; l++)
+            g_link_peer[i][l] = -1;
+        for (unsigned int p = 0; p < g->npeers; p++) {
+            unsigned int j = g->peers[p];
+            if (j >= g_cfg.gpu_count || !is_peer(&g_cfg.gpus[j], i))
+                continue;
+            const struct fg_gpu *o = &g_cfg.gpus[j];
+            unsigned int mine = g->nvlinks / g->npeers, theirs = o->nvlinks / o->npeers;
+            unsigned int n = mine < theirs ? mine : theirs;
+            for (unsigned int k = 0; k < n && link < g->nvlinks && link < NVML_NVLINK_MAX_LINKS;
+                 k++)
+                g_link_peer[i][link++] = (int)j;
+        }
+    }
+}
+
 static nvmlReturn_t load_config(void)
 {
     const char *path = getenv("FAKE_GPU_CONFIG");
@@ -86,22 +139,32 @@ static nvmlReturn_t load_config(void)
         log_once("%s%s", where, err);
         return missing ? NVML_ERROR_LIBRARY_NOT_FOUND : NVML_ERROR_UNKNOWN;
     }
+    char dir[PATH_MAX];
     const char *state = getenv("FAKE_GPU_STATE_DIR");
     if (state && *state) {
-        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", state);
+        snprintf(dir, sizeof dir, "%s", state);
     } else if (g_cfg.state_dir[0]) {
-        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", g_cfg.state_dir);
+        snprintf(dir, sizeof dir, "%s", g_cfg.state_dir);
     } else {
         char copy[PATH_MAX];
         snprintf(copy, sizeof copy, "%s", path);
-        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", dirname(copy));
+        snprintf(dir, sizeof dir, "%s", dirname(copy));
+    }
+    snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", dir);
+    snprintf(g_state_path, sizeof g_state_path, "%s/mig-state", dir);
+    /* MIG changes made through this library by earlier processes (mig-parted, the MIG
+     * manager) persist in the state file, as the driver keeps them across processes */
+    if (fg_state_load(g_state_path, &g_cfg, err, sizeof err) < 0) {
+        log_once("%s%s", "MIG state: ", err);
+        return NVML_ERROR_UNKNOWN;
     }
     memset(g_dev, 0, sizeof g_dev);
+    memset(g_ci, 0, sizeof g_ci);
     for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
         g_dev[i] = (struct fg_device){1, i, -1};
-        for (unsigned int j = 0; j < g_cfg.gpus[i].mig_count; j++)
-            *mig_slot(i, j) = (struct fg_device){1, i, (int)j};
+        sync_handles(i);
     }
+    wire_nvlinks();
     return NVML_SUCCESS;
 }
 
@@ -296,8 +359,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *
             *device = &g_dev[i];
             return NVML_SUCCESS;
         }
-        for (unsigned int j = 0; j < g->mig_count; j++) {
-            if (!strcasecmp(uuid, g->mig[j].uuid)) {
+        for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+            if (g->mig[j].present && g->mig[j].has_ci && !strcasecmp(uuid, g->mig[j].uuid)) {
                 *device = mig_slot(i, j);
                 return NVML_SUCCESS;
             }
@@ -508,14 +571,6 @@ NVML_API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1,
     return NVML_SUCCESS;
 }
 
-static int nvlink_peers(const struct fg_gpu *g, unsigned int other)
-{
-    for (unsigned int p = 0; p < g->npeers; p++)
-        if (g->peers[p] == other)
-            return 1;
-    return 0;
-}
-
 NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
                                               unsigned int p2pIndex, unsigned int *p2pStatus)
 {
@@ -526,7 +581,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t 
         return rc;
     if (p2pIndex > NVML_P2P_CAPS_INDEX_PROP)
         return NVML_ERROR_INVALID_ARGUMENT;
-    int linked = nvlink_peers(gpu_of(a), b->gpu);
+    int linked = is_peer(gpu_of(a), b->gpu);
     int same_node = gpu_of(a)->numa_node == gpu_of(b)->numa_node;
     if (p2pIndex == NVML_P2P_CAPS_INDEX_NVLINK)
         *p2pStatus = linked ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
@@ -537,8 +592,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t 
     return NVML_SUCCESS;
 }
 
-/* Links are spread round-robin over the profile's NVLink peers, so an 8-GPU NVSwitch
- * board with 12 links per A100 reports every link active and every peer reachable. */
+/* Links are wired to peers by wire_nvlinks(): a link with no peer is inactive. */
 static nvmlReturn_t nvlink_check(const struct fg_device *d, unsigned int link)
 {
     const struct fg_gpu *g = gpu_of(d);
@@ -556,7 +610,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int
     nvmlReturn_t rc = nvlink_check(d, link);
     if (rc != NVML_SUCCESS)
         return rc;
-    *isActive = gpu_of(d)->npeers > 0;
+    *isActive = g_link_peer[d->gpu][link] >= 0;
     return NVML_SUCCESS;
 }
 
@@ -567,10 +621,10 @@ NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, u
     nvmlReturn_t rc = nvlink_check(d, link);
     if (rc != NVML_SUCCESS)
         return rc;
-    const struct fg_gpu *g = gpu_of(d);
-    if (g->npeers == 0)
+    int peer = g_link_peer[d->gpu][link];
+    if (peer < 0)
         return NVML_ERROR_NOT_SUPPORTED; /* link not trained */
-    fill_pci(&g_cfg.gpus[g->peers[link % g->npeers]], pci, 0);
+    fill_pci(&g_cfg.gpus[peer], pci, 0);
     return NVML_SUCCESS;
 }
 
@@ -611,10 +665,16 @@ NVML_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, u
         return NVML_ERROR_NOT_SUPPORTED;
     if (index >= FG_MAX_MIG)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (index >= gpu_of(d)->mig_count)
-        return NVML_ERROR_NOT_FOUND;
-    *migDevice = mig_slot(d->gpu, index);
-    return NVML_SUCCESS;
+    /* MIG devices (GPU instances with their compute instance) in slot order */
+    unsigned int n = 0;
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+        const struct fg_mig *m = &gpu_of(d)->mig[j];
+        if (m->present && m->has_ci && n++ == index) {
+            *migDevice = mig_slot(d->gpu, j);
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
@@ -723,8 +783,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!gpu_of(d)->mig_capable || !gpu_of(d)->mig_mode)
         return NVML_ERROR_NOT_SUPPORTED;
-    for (unsigned int j = 0; j < gpu_of(d)->mig_count; j++) {
-        if (gpu_of(d)->mig[j].gi_id == id) {
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+        if (gpu_of(d)->mig[j].present && gpu_of(d)->mig[j].gi_id == id) {
             *gpuInstance = mig_slot(d->gpu, j);
             return NVML_SUCCESS;
         }
@@ -738,14 +798,165 @@ NVML_API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
     DEVICE(gpuInstance, d, info);
     if (d->mig < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned int start = 0;
-    for (int j = 0; j < d->mig; j++)
-        start += gpu_of(d)->gi[gpu_of(d)->mig[j].profile].slices;
     info->device = &g_dev[d->gpu];
     info->id = mig_of(d)->gi_id;
     info->profileId = mig_profile(d)->id;
-    info->placement.start = start;
-    info->placement.size = mig_profile(d)->slices;
+    info->placement.start = mig_of(d)->start;
+    info->placement.size = fg_mem_slices(gpu_of(d), mig_of(d)->profile);
+    return NVML_SUCCESS;
+}
+
+/* Compute instances. Each GPU instance holds at most one compute instance, of its full
+ * size (CI ID 0), as `nvidia-smi mig -cgi ... -C` creates them; go-nvlib's MIG profile
+ * lookup walks GPU instance -> compute instance -> CI profiles to name it. */
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_* by compute slices (0: no such profile) */
+static unsigned int ci_profile_slices(unsigned int profile)
+{
+    static const unsigned int slices[NVML_COMPUTE_INSTANCE_PROFILE_COUNT] = {1, 2, 3, 4, 7,
+                                                                             8, 6, 0, 0};
+    return profile < NVML_COMPUTE_INSTANCE_PROFILE_COUNT ? slices[profile] : 0;
+}
+
+static unsigned int ci_profile_of_slices(unsigned int slices)
+{
+    for (unsigned int p = 0; p < NVML_COMPUTE_INSTANCE_PROFILE_COUNT; p++)
+        if (ci_profile_slices(p) == slices)
+            return p;
+    return 0;
+}
+
+/* The GPU instance a GI handle stands for (a MIG slot of g_dev). */
+static nvmlReturn_t lookup_gi(nvmlGpuInstance_t gi, struct fg_device **out)
+{
+    nvmlReturn_t rc = lookup(gi, out);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return (*out)->mig < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+static nvmlReturn_t lookup_ci(nvmlComputeInstance_t ci, struct fg_device **out)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    uintptr_t p = (uintptr_t)ci, base = (uintptr_t)g_ci;
+    if (p < base || p >= base + sizeof g_ci || (p - base) % sizeof(struct fg_device) ||
+        !ci->present)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = ci;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance,
+                                                            unsigned int id,
+                                                            nvmlComputeInstance_t *computeInstance)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!computeInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig_of(d)->has_ci || id != mig_of(d)->ci_id)
+        return NVML_ERROR_NOT_FOUND;
+    *computeInstance = &g_ci[d->gpu * FG_MAX_MIG + (unsigned int)d->mig];
+    return NVML_SUCCESS;
+}
+
+static void fill_ci_info(const struct fg_device *d, nvmlComputeInstanceInfo_t *info)
+{
+    const struct fg_gi_profile *p = mig_profile(d);
+    info->device = &g_dev[d->gpu];
+    info->gpuInstance = mig_slot(d->gpu, (unsigned int)d->mig);
+    info->id = mig_of(d)->ci_id;
+    info->profileId = ci_profile_of_slices(p->slices);
+    info->placement.start = 0;
+    info->placement.size = p->slices;
+}
+
+NVML_API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                                    nvmlComputeInstanceInfo_t *info)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_ci(computeInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fill_ci_info(d, info);
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
+                                                 nvmlComputeInstanceInfo_t *info)
+{
+    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
+}
+
+/* CI profile `profile` inside the GPU instance: supported when it fits in the GI's slices
+ * (a 3g GI offers 1c x3, 2c x1, 3c x1); engines are shared by the GI's CIs. */
+static nvmlReturn_t ci_profile(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+                               unsigned int engProfile, nvmlComputeInstanceProfileInfo_t *out)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ||
+        engProfile >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fg_gi_profile *gi = mig_profile(d);
+    unsigned int slices = ci_profile_slices(profile);
+    if (!slices || slices > gi->slices || profile == NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE ||
+        profile == NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE)
+        return NVML_ERROR_NOT_SUPPORTED; /* 6- and 8-slice CIs are Blackwell's */
+    out->id = profile;
+    out->sliceCount = slices;
+    out->instanceCount = gi->slices / slices;
+    out->multiprocessorCount = gi->sms / gi->slices * slices;
+    out->sharedCopyEngineCount = gi->slices;
+    out->sharedDecoderCount = gi->slices / 2;
+    out->sharedEncoderCount = 0;
+    out->sharedJpegCount = gi->slices == 7 ? 1 : 0;
+    out->sharedOfaCount = gi->slices == 7 ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
+    nvmlComputeInstanceProfileInfo_t *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return ci_profile(gpuInstance, profile, engProfile, info);
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+    nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
+    nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlComputeInstanceProfileInfo_v2 &&
+        info->version != nvmlComputeInstanceProfileInfo_v3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlComputeInstanceProfileInfo_t v1;
+    nvmlReturn_t rc = ci_profile(gpuInstance, profile, engProfile, &v1);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    info->id = v1.id;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->sharedCopyEngineCount = v1.sharedCopyEngineCount;
+    info->sharedDecoderCount = v1.sharedDecoderCount;
+    info->sharedEncoderCount = v1.sharedEncoderCount;
+    info->sharedJpegCount = v1.sharedJpegCount;
+    info->sharedOfaCount = v1.sharedOfaCount;
+    snprintf(info->name, sizeof info->name, "MIG %uc.%ug", v1.sliceCount,
+             mig_profile(gpuInstance)->slices);
+    if (info->version == nvmlComputeInstanceProfileInfo_v3)
+        ((nvmlComputeInstanceProfileInfo_v3_t *)info)->capabilities = 0;
     return NVML_SUCCESS;
 }
 
@@ -770,6 +981,238 @@ NVML_API nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device,
                                               nvmlDeviceAttributes_t *attributes)
 {
     return nvmlDeviceGetAttributes_v2(device, attributes);
+}
+
+/* ---------------------------------------------------------------- changing MIG
+ * What mig-parted and the MIG manager call: MIG mode, then GPU instances, then a compute
+ * instance in each. Changes apply at once (the fake driver needs no GPU reset) and are
+ * written to the node's MIG state file, which every process reads at nvmlInit: a process
+ * sees what another one changed when it starts (GPU clients are stopped across a MIG
+ * change anyway). */
+
+/* Caller holds g_lock: persist the GPU's new table, or undo the change from `before`. */
+static nvmlReturn_t commit(unsigned int gpu, const struct fg_gpu *before)
+{
+    if (fg_state_save(g_state_path, &g_cfg) != 0) {
+        g_cfg.gpus[gpu] = *before;
+        return NVML_ERROR_UNKNOWN;
+    }
+    sync_handles(gpu);
+    return NVML_SUCCESS;
+}
+
+static int any_instance(const struct fg_gpu *g)
+{
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++)
+        if (g->mig[j].present)
+            return 1;
+    return 0;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
+                                           nvmlReturn_t *activationStatus)
+{
+    DEVICE(device, d, activationStatus);
+    if (d->mig >= 0 || mode > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    if (!g->mig_capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t rc = NVML_ERROR_IN_USE; /* GPU instances must be destroyed first */
+    if (!any_instance(g)) {
+        struct fg_gpu before = *g;
+        g->mig_mode = (int)mode;
+        rc = commit(d->gpu, &before);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == NVML_SUCCESS)
+        *activationStatus = NVML_SUCCESS; /* no reset pending */
+    return rc;
+}
+
+/* The NVML_GPU_INSTANCE_PROFILE_* slot of a GI profile ID (19 for 1g.5gb ...), or -1. */
+static int gi_enum_of_id(const struct fg_gpu *g, unsigned int id)
+{
+    for (int e = 0; e < NVML_GPU_INSTANCE_PROFILE_COUNT; e++)
+        if (g->gi[e].present && g->gi[e].id == id)
+            return e;
+    return -1;
+}
+
+/* The GPU a GPU-instance call addresses: a MIG-capable GPU in MIG mode, and the profile. */
+static nvmlReturn_t mig_target(nvmlDevice_t device, unsigned int profileId, struct fg_device **d,
+                               int *profile)
+{
+    nvmlReturn_t rc = lookup(device, d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if ((*d)->mig >= 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fg_gpu *g = gpu_of(*d);
+    if (!g->mig_capable || !g->mig_mode)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *profile = gi_enum_of_id(g, profileId);
+    return *profile < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
+                                                  nvmlGpuInstance_t *gpuInstance)
+{
+    struct fg_device *d;
+    int profile;
+    if (!gpuInstance)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = mig_target(device, profileId, &d, &profile);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    pthread_mutex_lock(&g_lock);
+    unsigned int start, slot = FG_MAX_MIG, id = 1;
+    for (unsigned int j = FG_MAX_MIG; j-- > 0;)
+        if (!g->mig[j].present)
+            slot = j;
+    for (int taken = 1; taken;) { /* the lowest free GPU instance ID */
+        taken = 0;
+        for (unsigned int j = 0; j < FG_MAX_MIG; j++)
+            if (g->mig[j].present && g->mig[j].gi_id == id)
+                taken = 1;
+        id += taken;
+    }
+    rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (slot < FG_MAX_MIG && fg_mig_fit(g, (unsigned int)profile, &start) == 0) {
+        struct fg_gpu before = *g;
+        g->mig[slot] = (struct fg_mig){.present = 1, .has_start = 1, .profile = (unsigned int)profile,
+                                       .gi_id = id, .start = start};
+        rc = commit(d->gpu, &before);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == NVML_SUCCESS)
+        *gpuInstance = mig_slot(d->gpu, slot);
+    return rc;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                                nvmlGpuInstance_t *gpuInstances,
+                                                unsigned int *count)
+{
+    struct fg_device *d;
+    int profile;
+    if (!gpuInstances || !count)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = mig_target(device, profileId, &d, &profile);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    unsigned int n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+        const struct fg_mig *m = &gpu_of(d)->mig[j];
+        if (m->present && m->profile == (unsigned int)profile)
+            gpuInstances[n++] = mig_slot(d->gpu, j);
+    }
+    pthread_mutex_unlock(&g_lock);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device,
+                                                                unsigned int profileId,
+                                                                unsigned int *count)
+{
+    struct fg_device *d;
+    int profile;
+    if (!count)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = mig_target(device, profileId, &d, &profile);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&g_lock);
+    *count = fg_mig_capacity(gpu_of(d), (unsigned int)profile);
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+/* In use while its compute instance exists (NVML: "compute instances are active"). */
+NVML_API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    pthread_mutex_lock(&g_lock);
+    rc = NVML_ERROR_IN_USE;
+    if (!g->mig[d->mig].has_ci) {
+        struct fg_gpu before = *g;
+        memset(&g->mig[d->mig], 0, sizeof g->mig[d->mig]);
+        rc = commit(d->gpu, &before);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* Only a compute instance of the GPU instance's own size, one per GPU instance. */
+NVML_API nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance,
+                                                           unsigned int profileId,
+                                                           nvmlComputeInstance_t *computeInstance)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!computeInstance || profileId >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (ci_profile_slices(profileId) != mig_profile(d)->slices)
+        return NVML_ERROR_NOT_SUPPORTED;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    struct fg_mig *m = &g->mig[d->mig];
+    pthread_mutex_lock(&g_lock);
+    rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (!m->has_ci) {
+        struct fg_gpu before = *g;
+        m->has_ci = 1;
+        m->ci_id = 0;
+        fg_mig_uuid(g, m->profile, m->gi_id, m->ci_id, m->uuid, sizeof m->uuid);
+        rc = commit(d->gpu, &before);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == NVML_SUCCESS)
+        *computeInstance = &g_ci[d->gpu * FG_MAX_MIG + (unsigned int)d->mig];
+    return rc;
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance,
+                                                         unsigned int profileId,
+                                                         nvmlComputeInstance_t *computeInstances,
+                                                         unsigned int *count)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!computeInstances || !count || profileId >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = 0;
+    if (mig_of(d)->has_ci && ci_profile_slices(profileId) == mig_profile(d)->slices)
+        computeInstances[n++] = &g_ci[d->gpu * FG_MAX_MIG + (unsigned int)d->mig];
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_ci(computeInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    pthread_mutex_lock(&g_lock);
+    struct fg_gpu before = *g;
+    g->mig[d->mig].has_ci = 0;
+    g->mig[d->mig].uuid[0] = '\0';
+    rc = commit(d->gpu, &before);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- steady-state readings
@@ -896,14 +1339,14 @@ static void enqueue(struct fg_event_set *set, unsigned int gpu, unsigned long lo
 {
     if (set->count == EVENT_QUEUE_CAP)
         return; /* a consumer that never waits loses the newest events, not memory */
-    int mig = g_cfg.gpus[gpu].mig_mode;
     nvmlEventData_t *e = &set->queue[(set->head + set->count++) % EVENT_QUEUE_CAP];
     e->device = &g_dev[gpu];
     e->eventType = type;
     e->eventData = data;
-    /* GPU-wide faults on a MIG-enabled GPU name no instance, like real Xid events */
-    e->gpuInstanceId = mig ? NO_INSTANCE : 0;
-    e->computeInstanceId = mig ? NO_INSTANCE : 0;
+    /* Injected faults are GPU-wide: nvml.h sets both IDs to 0xFFFFFFFF unless an Xid is
+     * attributable to a MIG instance, and always on a GPU without MIG. */
+    e->gpuInstanceId = NO_INSTANCE;
+    e->computeInstanceId = NO_INSTANCE;
 }
 
 NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
@@ -916,8 +1359,7 @@ NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
     if (!s)
         return NVML_ERROR_MEMORY;
     pthread_mutex_lock(&g_lock);
-    /* only faults injected from now on are news; older active ones are replayed on
-     * registration */
+    /* only faults injected from now on are news */
     s->offset = fg_log_size(g_log_path);
     s->next = g_sets;
     g_sets = s;
@@ -944,24 +1386,13 @@ NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
     return rc;
 }
 
-struct active_faults {
-    int gpu;
-    unsigned int count;
-    unsigned long long type[MAX_ACTIVE_FAULTS], data[MAX_ACTIVE_FAULTS];
-};
+/* Forward declaration: registration first hands the set what its earlier registrations
+ * are owed, so a newly registered device only sees faults from now on. */
+static void deliver_new(const struct fg_fault_line *l, void *ctx);
 
-static void collect_active(const struct fg_fault_line *l, void *ctx)
-{
-    struct active_faults *a = ctx;
-    if (l->is_clear) {
-        if (l->gpu < 0 || l->gpu == a->gpu)
-            a->count = 0;
-    } else if (l->gpu == a->gpu && a->count < MAX_ACTIVE_FAULTS) {
-        a->type[a->count] = l->event_type;
-        a->data[a->count++] = l->event_data;
-    }
-}
-
+/* As nvml.h says: "All events that occurred before this call are not recorded." A fault
+ * injected before a consumer registered is never replayed to it, so a restarted device
+ * plugin sees every GPU healthy until the next fault. */
 NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
                                                 nvmlEventSet_t set)
 {
@@ -979,16 +1410,8 @@ NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned lon
         pthread_mutex_unlock(&g_lock);
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    unsigned long long added = mask & ~set->mask[d->gpu];
+    fg_log_read(g_log_path, &set->offset, -1, deliver_new, set);
     set->mask[d->gpu] |= mask;
-    /* A fault injected before this consumer started is still the device's state: replay
-     * the uncleared ones so a restarted device plugin sees the GPU as it is. */
-    struct active_faults active = {.gpu = (int)d->gpu};
-    long upto = 0;
-    fg_log_read(g_log_path, &upto, set->offset, collect_active, &active);
-    for (unsigned int k = 0; k < active.count; k++)
-        if (active.type[k] & added)
-            enqueue(set, d->gpu, active.type[k], active.data[k]);
     pthread_mutex_unlock(&g_lock);
     return NVML_SUCCESS;
 }

@@ -1,31 +1,55 @@
-"""Which devices to prefer, and what a container gets for the devices it was given.
+"""Which devices to prefer, whether a request is valid, and what a container gets.
 
-Mirrors NVIDIA k8s-device-plugin ``internal/rm/allocate.go`` (``alignedAlloc`` through
-go-gpuallocator's best-effort policy for whole GPUs, ``distributedAlloc`` for time-sliced
-replicas) and the response part of ``internal/plugin/server.go`` (``getAllocateResponse``:
-``NVIDIA_VISIBLE_DEVICES`` plus device specs). Pure functions over :class:`rm.Device`.
+Mirrors NVIDIA k8s-device-plugin v0.20.0:
+
+- ``internal/rm/nvml_manager.go`` ``getPreferredAllocation``: whole GPUs without replicas
+  go to ``alignedAlloc`` = NVIDIA/go-gpuallocator v0.6.0 ``NewBestEffortPolicy().Allocate``
+  (``gpuallocator/besteffort_policy.go``); everything else (replicas, MIG devices) to
+  ``internal/rm/allocate.go`` ``greedyAlloc`` with the ``distributed`` (default) or
+  ``packed`` comparator;
+- ``internal/rm/rm.go`` ``ValidateRequest``;
+- ``internal/plugin/server.go`` ``getAllocateResponse``: ``NVIDIA_VISIBLE_DEVICES`` = the
+  unique UUIDs behind the requested IDs, and DeviceSpecs (``apiDeviceSpecs`` over
+  ``GetDevicePaths``) only with ``--pass-device-specs``.
+
+Pure functions over :class:`rm.Device` and :class:`rm.GPUInfo`. Where upstream iterates a
+Go map (random order) the lab uses the devices' NVML order, so results are repeatable.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from math import comb
+from typing import TypeVar
 
-from gpulab.deviceplugin.rm import Device
+from gpulab.deviceplugin.config import SHARING_TIME_SLICING, Config
+from gpulab.deviceplugin.rm import Device, GPUInfo, base_id, has_annotations
 
-# Device nodes every CUDA container needs besides its GPUs (upstream passes these with
-# --pass-device-specs).
+# Device nodes every CUDA container needs besides its GPUs, as HAMi's plugin passes them.
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
+# nvml_manager.go GetDevicePaths: the driver's nodes; the last three only where they exist.
+DRIVER_DEVICES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
+OPTIONAL_DEVICES = frozenset(DRIVER_DEVICES)  # apiDeviceSpecs stats these before passing them
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-# Beyond this many candidate sets, pick greedily instead of trying every combination.
-_MAX_COMBINATIONS = 20_000
+
+# go-gpuallocator calculateGPUPairScore: PCIe path by nvmlGpuTopologyLevel_t ...
+_P2P_SCORE = {0: 60, 10: 50, 20: 40, 30: 30, 40: 20, 50: 10}
+# ... and 100 per NVLink between the two GPUs (up to 18 links).
+_NVLINK_SCORE = 100
+_MAX_NVLINKS = 18
+
+T = TypeVar("T")
 
 
 class AllocationError(ValueError):
-    """A request names devices the plugin cannot hand out; the message names them."""
+    """A request the plugin refuses; the message is what upstream's error says."""
 
 
 @dataclass(frozen=True)
@@ -43,111 +67,208 @@ class ContainerAllocation:
     devices: tuple[DeviceSpec, ...]
 
 
-def check_request(
-    ids: Sequence[str], devices: Mapping[str, Device], healthy: Mapping[str, bool]
-) -> None:
-    """Reject IDs this resource does not have, or whose device is unhealthy."""
-    unknown = [i for i in ids if i not in devices]
-    if unknown:
-        raise AllocationError(f"unknown device(s): {', '.join(unknown)}")
-    sick = [i for i in ids if not healthy.get(i, False)]
-    if sick:
-        raise AllocationError(f"unhealthy device(s): {', '.join(sick)}")
+# ---------------------------------------------------------------- Allocate
 
 
-def container_allocation(ids: Sequence[str], devices: Mapping[str, Device]) -> ContainerAllocation:
-    """Envs and device specs for ``ids`` (replica IDs map back to their UUID, once each)."""
-    picked = [devices[i] for i in ids]
-    uuids = list(dict.fromkeys(d.uuid for d in picked))
-    paths = list(dict.fromkeys(p for d in picked for p in d.paths))
-    specs = tuple(DeviceSpec(p, p) for p in [*paths, *CONTROL_DEVICES])
-    return ContainerAllocation({VISIBLE_DEVICES_ENV: ",".join(uuids)}, specs)
+def validate_request(ids: Sequence[str], devices: Mapping[str, Device], config: Config) -> None:
+    """Upstream ``ValidateRequest``: every ID known; with failRequestsGreaterThanOne, a
+    time-sliced resource hands out one replica per container. Health is not checked:
+    kubelet only offers healthy devices, and the plugin does not second-guess it."""
+    for device_id in ids:
+        if device_id not in devices:
+            raise AllocationError(f"invalid request: unknown device: {device_id}")
+    fail_gt_one = config.time_slicing.fail_requests_greater_than_one
+    if (
+        config.sharing_strategy == SHARING_TIME_SLICING
+        and any(has_annotations(i) for i in ids)
+        and len(ids) > 1
+        and fail_gt_one
+    ):
+        raise AllocationError(
+            f"invalid request: maximum request size for shared resources is 1; found {len(ids)}"
+        )
+
+
+def unique_uuids(ids: Sequence[str]) -> list[str]:
+    """``uniqueDeviceIDsFromAnnotatedDeviceIDs`` (device-id-strategy uuid), request order."""
+    return list(dict.fromkeys(base_id(i) for i in ids))
+
+
+def device_paths(ids: Sequence[str], devices: Mapping[str, Device]) -> list[str]:
+    """``GetDevicePaths``: the driver's nodes, then the paths of the devices requested."""
+    own = [p for i in dict.fromkeys(ids) if i in devices for p in devices[i].paths]
+    return list(dict.fromkeys([*DRIVER_DEVICES, *own]))
+
+
+def container_allocation(
+    ids: Sequence[str],
+    devices: Mapping[str, Device],
+    pass_device_specs: bool,
+    present: Callable[[str], bool],
+) -> ContainerAllocation:
+    """``getAllocateResponse`` with the envvar device-list strategy.
+
+    ``present`` tells whether an optional driver node exists on this host (upstream
+    stats ``/dev/nvidia-uvm`` & co. and leaves out the missing ones).
+    """
+    envs = {VISIBLE_DEVICES_ENV: ",".join(unique_uuids(ids))}
+    specs: tuple[DeviceSpec, ...] = ()
+    if pass_device_specs:
+        specs = tuple(
+            DeviceSpec(p, p)
+            for p in device_paths(ids, devices)
+            if p not in OPTIONAL_DEVICES or present(p)
+        )
+    return ContainerAllocation(envs, specs)
+
+
+# ---------------------------------------------------------------- GetPreferredAllocation
 
 
 def preferred_allocation(
     available: Sequence[str],
-    must_include: Sequence[str],
+    required: Sequence[str],
     size: int,
     devices: Mapping[str, Device],
-    nvlink_peers: Mapping[int, Iterable[int]],
+    gpus: Mapping[int, GPUInfo],
+    policy: str = "distributed",
 ) -> list[str]:
-    """The device IDs to prefer for one container (GetPreferredAllocation).
-
-    Always contains ``must_include``. Whole GPUs: the set spanning the fewest NUMA nodes,
-    then with the most NVLink-connected pairs, then the lowest indexes. Replicas: spread
-    over the physical GPUs that have the most replicas still free.
-    """
-    must = list(dict.fromkeys(must_include))
-    unknown = [i for i in [*available, *must] if i not in devices]
-    if unknown:
-        raise AllocationError(f"unknown device(s): {', '.join(unknown)}")
-    if size < len(must):
-        raise AllocationError(
-            f"allocation_size {size} is smaller than must_include_deviceIDs ({len(must)})"
-        )
-    candidates = [i for i in dict.fromkeys(available) if i not in must]
-    need = size - len(must)
-    if need > len(candidates):
-        raise AllocationError(
-            f"cannot pick {size} device(s): only {len(candidates) + len(must)} available"
-        )
-    if need == 0:
-        return must
-    if any(devices[i].replica is not None for i in candidates):
-        return must + _distributed(candidates, must, need, devices)
-    return must + _aligned(candidates, must, need, devices, nvlink_peers)
+    """``nvmlResourceManager.getPreferredAllocation`` for one container request."""
+    if all(d.aligned_allocation_supported for d in devices.values()) and not any(
+        has_annotations(i) for i in available
+    ):
+        return aligned_allocation(available, required, size, devices, gpus)
+    return greedy_allocation(available, required, size, devices, policy)
 
 
-def _set_key(
-    ids: Sequence[str], devices: Mapping[str, Device], peers: Mapping[int, set[int]]
-) -> tuple[int, int, tuple[int, ...]]:
-    gpus = [devices[i].gpu_index for i in ids]
-    numa = {devices[i].numa_node for i in ids}
-    linked = sum(1 for a, b in itertools.combinations(gpus, 2) if b in peers.get(a, set()))
-    return (len(numa), -linked, tuple(sorted(gpus)))
-
-
-def _aligned(
-    candidates: list[str],
-    must: list[str],
-    need: int,
+def aligned_allocation(
+    available: Sequence[str],
+    required: Sequence[str],
+    size: int,
     devices: Mapping[str, Device],
-    nvlink_peers: Mapping[int, Iterable[int]],
+    gpus: Mapping[int, GPUInfo],
 ) -> list[str]:
-    peers = {k: set(v) for k, v in nvlink_peers.items()}
-    ordered = sorted(candidates, key=lambda i: devices[i].gpu_index)
-    if comb(len(ordered), need) <= _MAX_COMBINATIONS:
-        best = min(
-            itertools.combinations(ordered, need),
-            key=lambda extra: _set_key([*must, *extra], devices, peers),
-        )
-        return list(best)
-    # Greedy: grow the set one device at a time, each time the best next device.
-    chosen: list[str] = []
-    for _ in range(need):
-        rest = [i for i in ordered if i not in chosen]
-        chosen.append(min(rest, key=lambda i: _set_key([*must, *chosen, i], devices, peers)))
-    return chosen
+    """``alignedAlloc``: go-gpuallocator's best-effort policy over the available GPUs."""
+
+    def resolve(ids: Sequence[str], what: str) -> list[GPUInfo]:
+        out = []
+        for i in ids:
+            if i not in devices:
+                raise AllocationError(
+                    f"unable to retrieve list of {what} devices: no device with uuid: {i}"
+                )
+            out.append(gpus[devices[i].gpu_index])
+        return out
+
+    chosen = best_effort(
+        resolve(available, "available"), resolve(required, "required"), size, pair_score
+    )
+    return [g.uuid for g in chosen]
 
 
-def _distributed(
-    candidates: list[str], must: list[str], need: int, devices: Mapping[str, Device]
-) -> list[str]:
-    free = Counter(devices[i].gpu_index for i in candidates)
-    used = Counter(devices[i].gpu_index for i in must)
-    chosen: list[str] = []
-    pool = sorted(candidates, key=lambda i: (devices[i].gpu_index, devices[i].replica or 0))
-    for _ in range(need):
-        # The GPU this container uses least, then the one with the most replicas free.
-        best = min(
-            (i for i in pool if i not in chosen),
-            key=lambda i: (
-                used[devices[i].gpu_index],
-                -free[devices[i].gpu_index],
-                devices[i].gpu_index,
-            ),
+def pair_score(a: GPUInfo, b: GPUInfo) -> int:
+    """go-gpuallocator ``calculateGPUPairScore``: the PCIe path plus 100 per NVLink, so
+    NVLinks outweigh any PCIe/NUMA difference."""
+    if a.index == b.index:
+        return 0
+    links = a.nvlinks.get(b.index, 0)
+    return _P2P_SCORE.get(a.topology.get(b.index, -1), 0) + _NVLINK_SCORE * min(links, _MAX_NVLINKS)
+
+
+def best_effort(
+    available: Sequence[T], required: Sequence[T], size: int, score: Callable[[T, T], int]
+) -> list[T]:
+    """go-gpuallocator ``bestEffortPolicy.Allocate``.
+
+    Not the single best set: the available GPUs are split into sets of ``size`` every
+    possible way, the partition with the highest total score wins (so one allocation does
+    not strand the GPUs left behind), and from it the best set holding ``required``.
+    """
+    if size <= 0 or len(available) < size or len(required) > size:
+        return []
+
+    def set_score(gpus: Sequence[T | None]) -> int:
+        return sum(
+            score(x, y)
+            for x, y in itertools.combinations(gpus, 2)
+            if x is not None and y is not None
         )
-        chosen.append(best)
-        used[devices[best].gpu_index] += 1
-        free[devices[best].gpu_index] -= 1
-    return chosen
+
+    def has_all(gpus: Sequence[T | None]) -> bool:
+        return all(any(g is r for g in gpus) for r in required)
+
+    best: list[list[T | None]] | None = None
+    best_total = 0
+    for partition in _partitions(list(available), size):
+        if not any(has_all(s) and None not in s for s in partition):
+            continue
+        total = sum(set_score(s) for s in partition)
+        if best is None or total > best_total:
+            best, best_total = partition, total
+    if best is None:
+        return []
+    # The best set with every required GPU (upstream would crash on a padded one).
+    candidates = [s for s in best if has_all(s) and None not in s]
+    winner = max(candidates, key=set_score)  # max keeps the first of equals, as upstream
+    return [g for g in winner if g is not None]
+
+
+def _partitions(devices: list[T], size: int) -> Iterator[list[list[T | None]]]:
+    """go-gpuallocator ``iterateGPUPartitions``: every split of ``devices`` into sets of
+    ``size`` (padded with None to a multiple of ``size``), each partition once."""
+    if size == 1:
+        for d in devices:
+            yield [[d]]
+        return
+    padded: list[T | None] = [*devices, *[None] * (-len(devices) % size)]
+    padding = padded.count(None)
+
+    def walk(rest: list[T | None], accum: list[list[T | None]]) -> Iterator[list[list[T | None]]]:
+        if len(rest) == size:
+            yield [*accum, rest]
+            return
+        for tail in itertools.combinations(rest[1:], size - 1):
+            chosen = [rest[0], *tail]
+            pads = chosen.count(None)
+            if pads not in (0, padding):
+                continue
+            remaining = [d for d in rest if not any(d is c for c in chosen)]
+            yield from walk(remaining, [*accum, chosen])
+
+    yield from walk(padded, [])
+
+
+def greedy_allocation(
+    available: Sequence[str],
+    required: Sequence[str],
+    size: int,
+    devices: Mapping[str, Device],
+    policy: str = "distributed",
+) -> list[str]:
+    """``greedyAlloc``: pick one device at a time from the physical GPU the policy prefers.
+
+    ``distributed`` prefers the GPU with the fewest replicas already handed out (spread),
+    ``packed`` the one with the most; ties go to the GPU this request has taken least from.
+    """
+    required_known = {i for i in required if i in devices}
+    order = {d: n for n, d in enumerate(devices)}
+    candidates = sorted(
+        {i for i in available if i in devices} - required_known, key=lambda i: order[i]
+    )
+    needed = size - len(required)
+    if len(candidates) < needed:
+        raise AllocationError("not enough available devices to satisfy allocation")
+    free = Counter(base_id(i) for i in candidates)
+    total = Counter(base_id(i) for i in devices if base_id(i) in free)
+    picked: Counter[str] = Counter()
+    sign = 1 if policy == "distributed" else -1
+    chosen: list[str] = []
+    for _ in range(max(needed, 0)):
+        candidates.sort(
+            key=lambda i: (sign * (total[base_id(i)] - free[base_id(i)]), picked[base_id(i)])
+        )
+        pick = candidates.pop(0)
+        picked[base_id(pick)] += 1
+        free[base_id(pick)] -= 1
+        chosen.append(pick)
+    return [*required, *chosen]

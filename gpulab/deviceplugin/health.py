@@ -1,31 +1,33 @@
-"""Device health: NVML events mark devices Unhealthy; a periodic re-check marks them Healthy.
+"""Device health: NVML Xid events mark devices Unhealthy, for as long as the plugin runs.
 
-Mirrors NVIDIA k8s-device-plugin ``internal/rm/health.go`` (``CheckHealth``): an NVML event
-set registered for Xid critical errors and ECC errors on every GPU, ``nvmlEventSetWait_v2``
-in a loop, application Xids 13, 31, 43, 45, 68, 109 ignored, the ignore list extended by
-``DP_DISABLE_HEALTHCHECKS`` (comma-separated Xids, or ``all``/``xids``) and overridden by
-``DP_ENABLE_HEALTHCHECKS``. Differences, both deliberate:
+Mirrors NVIDIA k8s-device-plugin v0.20.0 ``internal/rm/health.go`` (``checkHealth``): one
+NVML event set per plugin (resource), registered for Xid critical errors and ECC errors on
+the GPU behind each of its devices, ``nvmlEventSetWait_v2`` in a loop. Only
+``XidCriticalError`` events count: ECC events are skipped (a double-bit error reaches the
+plugin as its Xid 48), and so are application Xids 13, 31, 43, 45, 68, 109, extended by
+``DP_DISABLE_HEALTHCHECKS`` (Xids, or ``all``/``xids`` for no health checks at all) and
+overridden by ``DP_ENABLE_HEALTHCHECKS`` (Xids, or ``all``). A device that went Unhealthy
+never comes back: upstream ListAndWatch has "no way to recover from the Unhealthy state";
+restarting the plugin (a new event set, which NVML does not replay old events to) does.
 
-- a double-bit ECC event also marks the GPU Unhealthy (upstream registers for it but only
-  acts on Xids; a DBE is what Xid 48 reports anyway);
-- recovery: upstream never marks a device Healthy again (a real GPU needs a reset). Here,
-  every ``recheck_seconds``, the unhealthy GPUs are registered on a *fresh* event set: the
-  NVML shim replays a GPU's uncleared faults on registration, so a GPU whose faults were
-  cleared (``gpulab fake-gpu clear``) comes back Healthy. ``recheck_seconds=0`` disables it.
+One deliberate difference: upstream keeps one device per GPU UUID
+(``parentToDeviceMap``), so an Xid marks only one replica of a time-sliced GPU, or one MIG
+device of a GPU-wide event (NVIDIA/k8s-device-plugin#1929). The lab marks every device of
+the resource on that GPU, as the fix merged after v0.20.0 (#1930) does; a MIG device is
+skipped only when the event names another GPU or compute instance.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pynvml
 
 from gpulab.deviceplugin.nvml import text
-from gpulab.deviceplugin.rm import GPUInfo
+from gpulab.deviceplugin.rm import Device, GPUInfo
 
 _log = logging.getLogger(__name__)
 
@@ -39,117 +41,134 @@ EVENT_MASK = (
     | pynvml.nvmlEventTypeDoubleBitEccError
     | pynvml.nvmlEventTypeSingleBitEccError
 )
+# Upstream waits 5000 ms per call; shorter here so a stopping plugin is not held up.
 _WAIT_MS = 500
+_ALL = 0  # upstream's allXIDs key
 
 
 @dataclass(frozen=True)
 class XidFilter:
-    """Which Xids are not health failures (upstream ``disabledXIDs``)."""
+    """Upstream ``disabledXIDs``: Xid -> disabled?, with key 0 standing for "all"."""
 
-    disabled: frozenset[int]
-    enabled: frozenset[int]
-    all_disabled: bool
+    table: Mapping[int, bool]
+
+    def all_disabled(self) -> bool:
+        """``IsAllDisabled``: no health checks at all."""
+        return self.table.get(_ALL, False)
 
     def is_disabled(self, xid: int) -> bool:
-        if xid in self.enabled:
+        """``IsDisabled``: is this Xid ignored?"""
+        if self.table.get(_ALL) is False:  # DP_ENABLE_HEALTHCHECKS=all
             return False
-        return self.all_disabled or xid in self.disabled
+        if xid in self.table:
+            return self.table[xid]
+        return self.all_disabled()
 
 
-def _parse_xids(value: str) -> tuple[set[int], bool]:
-    xids: set[int] = set()
+def _parse_xids(value: str) -> dict[int, bool]:
+    """``newHealthCheckXIDs``: a comma-separated list; ``all``/``xids`` means every Xid."""
+    out: dict[int, bool] = {}
     for raw in value.lower().split(","):
         token = raw.strip()
         if token in ("all", "xids"):
-            return set(), True
+            return {_ALL: True}
+        if not token:
+            continue
         if token.isdigit():
-            xids.add(int(token))
-        elif token:
-            _log.info("ignoring malformed Xid value %r in health-check settings", token)
-    return xids, False
+            out[int(token)] = True
+        else:
+            _log.info("Ignoring malformed Xid value %s", token)
+    return out
 
 
 def xid_filter(env: Mapping[str, str]) -> XidFilter:
-    disabled, all_disabled = _parse_xids(env.get(DISABLE_ENV, ""))
-    enabled, _ = _parse_xids(env.get(ENABLE_ENV, ""))
-    return XidFilter(frozenset(disabled | APPLICATION_XIDS), frozenset(enabled), all_disabled)
+    """``getDisabledHealthCheckXids``: disabled (env), then the application list, then
+    every explicitly enabled Xid (env) switched back on."""
+    table = _parse_xids(env.get(DISABLE_ENV, ""))
+    table.update(dict.fromkeys(APPLICATION_XIDS, True))
+    for xid in _parse_xids(env.get(ENABLE_ENV, "")):
+        table[xid] = False
+    return XidFilter(table)
 
 
-def critical(event_type: int, event_data: int, xids: XidFilter) -> bool:
-    """Does this NVML event make the device Unhealthy?"""
-    if event_type & pynvml.nvmlEventTypeDoubleBitEccError:
-        return True
-    if event_type & pynvml.nvmlEventTypeXidCriticalError:
-        return not xids.is_disabled(event_data)
-    return False  # single-bit ECC errors are corrected by the hardware
+def affected(devices: Sequence[Device], gpu: GPUInfo, gi: int, ci: int) -> list[Device]:
+    """The devices an Xid on ``gpu`` concerns: all of that GPU's, except MIG devices of
+    another instance when the event names one (gi/ci ``0xFFFFFFFF``: GPU-wide)."""
+    placement = {m.uuid: (m.gi_id, m.ci_id) for m in gpu.migs}
+    out = []
+    for d in devices:
+        if d.gpu_index != gpu.index:
+            continue
+        if d.mig and gi != NO_INSTANCE and ci != NO_INSTANCE and placement[d.uuid] != (gi, ci):
+            continue
+        out.append(d)
+    return out
 
 
-def affected_uuids(gpu: GPUInfo, gi_id: int, ci_id: int) -> list[str]:
-    """The device UUIDs an event on ``gpu`` concerns: one MIG device, or the GPU and all its."""
-    if gpu.mig_enabled and gi_id != NO_INSTANCE and ci_id != NO_INSTANCE:
-        return [m.uuid for m in gpu.migs if (m.gi_id, m.ci_id) == (gi_id, ci_id)]
-    return [gpu.uuid, *(m.uuid for m in gpu.migs)]
-
-
-HealthCallback = Callable[[list[str], bool, str], None]
-"""Called with (uuids, healthy, reason) when devices change health."""
+UnhealthyCallback = Callable[[list[Device], str], None]
+"""Called with (devices, reason) when devices go Unhealthy."""
 
 
 class CheckHealth(threading.Thread):
-    """The health-check loop for one node's GPUs. NVML must stay initialised while it runs."""
+    """``checkHealth`` for one plugin's devices. NVML must stay initialised while it runs."""
 
     def __init__(
         self,
+        devices: Sequence[Device],
         gpus: Sequence[GPUInfo],
-        on_change: HealthCallback,
+        unhealthy: UnhealthyCallback,
         xids: XidFilter,
-        recheck_seconds: float = 2.0,
+        name: str = "CheckHealth",
+        on_watching: Callable[[int], None] = lambda _gpus: None,
     ) -> None:
-        super().__init__(name="CheckHealth", daemon=True)
-        self._gpus = {g.uuid: g for g in gpus}
-        self._on_change = on_change
+        super().__init__(name=name, daemon=True)
+        self._on_watching = on_watching
+        self._devices = list(devices)
+        self._gpus = {g.index: g for g in gpus}
+        self._by_uuid = {g.uuid: g for g in gpus}
+        self._unhealthy = unhealthy
         self._xids = xids
-        self._recheck = recheck_seconds
         self._stop_event = threading.Event()
-        self._unhealthy: set[str] = set()  # GPU UUIDs
 
     def stop(self) -> None:
         self._stop_event.set()
 
     def run(self) -> None:
-        if self._xids.all_disabled and not self._xids.enabled:
+        if self._xids.all_disabled():
             _log.info("health checks disabled by %s", DISABLE_ENV)
             return
         try:
-            self._watch()
-        except pynvml.NVMLError as exc:  # no event set: health is unknown, so not healthy
-            _log.error("health checks stopped (%s); marking all devices Unhealthy", exc)
-            for uuid in self._gpus:
-                self._mark([uuid], NO_INSTANCE, NO_INSTANCE, False, f"health check failed: {exc}")
-
-    def _watch(self) -> None:
-        event_set = pynvml.nvmlEventSetCreate()
+            event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:  # upstream: the plugin keeps serving, unchecked
+            _log.error(
+                "Failed to start health check: %s; continuing with health checks disabled", exc
+            )
+            return
         try:
-            self._register(event_set, self._gpus.values())
-            last_recheck = 0.0
+            self._register(event_set)
+            # from here on an Xid reaches this set; one injected earlier never will
+            self._on_watching(len({d.gpu_index for d in self._devices}))
             while not self._stop_event.is_set():
                 self._wait_one(event_set)
-                now = time.monotonic()
-                if self._recheck > 0 and self._unhealthy and now - last_recheck >= self._recheck:
-                    last_recheck = now
-                    self._recheck_unhealthy()
         finally:
             pynvml.nvmlEventSetFree(event_set)
 
-    def _register(self, event_set: object, gpus: Iterable[GPUInfo]) -> None:
-        for gpu in gpus:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+    def _register(self, event_set: object) -> None:
+        for index in sorted({d.gpu_index for d in self._devices}):
+            gpu = self._gpus[index]
+            mine = [d for d in self._devices if d.gpu_index == index]
             try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
                 supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
-                pynvml.nvmlDeviceRegisterEvents(handle, EVENT_MASK & supported, event_set)
             except pynvml.NVMLError as exc:
-                # Upstream: a device that cannot be watched is reported Unhealthy.
-                self._mark([gpu.uuid], NO_INSTANCE, NO_INSTANCE, False, f"cannot watch: {exc}")
+                self._unhealthy(mine, f"unable to determine the supported events: {exc}")
+                continue
+            try:
+                pynvml.nvmlDeviceRegisterEvents(handle, EVENT_MASK & supported, event_set)
+            except pynvml.NVMLError_NotSupported:
+                _log.warning("Device %s is too old to support healthchecking.", gpu.uuid)
+            except pynvml.NVMLError as exc:
+                self._unhealthy(mine, f"cannot register for events: {exc}")
 
     def _wait_one(self, event_set: object) -> None:
         try:
@@ -157,53 +176,19 @@ class CheckHealth(threading.Thread):
         except pynvml.NVMLError as exc:
             if exc.value == pynvml.NVML_ERROR_TIMEOUT:
                 return
-            _log.error("NVML event wait failed (%s); marking all devices Unhealthy", exc)
-            for uuid in self._gpus:
-                self._mark([uuid], NO_INSTANCE, NO_INSTANCE, False, f"event wait failed: {exc}")
-            self._stop_event.wait(1.0)
+            _log.info("Error waiting for event: %s; Marking all devices as unhealthy", exc)
+            self._unhealthy(self._devices, f"error waiting for NVML events: {exc}")
             return
-        uuid = text(pynvml.nvmlDeviceGetUUID(event.device))
-        if uuid not in self._gpus:
-            _log.info("ignoring event for unexpected device %s", uuid)
+        if event.eventType != pynvml.nvmlEventTypeXidCriticalError:
+            _log.info("Skipping non-nvmlEventTypeXidCriticalError event: 0x%x", event.eventType)
             return
-        if not critical(event.eventType, event.eventData, self._xids):
-            _log.info(
-                "skipping event type=0x%x data=%d on %s", event.eventType, event.eventData, uuid
-            )
+        if self._xids.is_disabled(event.eventData):
+            _log.info("Skipping event Xid=%d", event.eventData)
             return
-        reason = _describe(event.eventType, event.eventData)
-        self._mark([uuid], event.gpuInstanceId, event.computeInstanceId, False, reason)
-
-    def _recheck_unhealthy(self) -> None:
-        """Register the unhealthy GPUs on a fresh set: whatever it replays is still active."""
-        probe = pynvml.nvmlEventSetCreate()
-        try:
-            gpus = [self._gpus[u] for u in sorted(self._unhealthy)]
-            self._register(probe, gpus)
-            still: set[str] = set()
-            while True:
-                try:
-                    event = pynvml.nvmlEventSetWait_v2(probe, 0)
-                except pynvml.NVMLError:
-                    break
-                if critical(event.eventType, event.eventData, self._xids):
-                    still.add(text(pynvml.nvmlDeviceGetUUID(event.device)))
-        finally:
-            pynvml.nvmlEventSetFree(probe)
-        for uuid in sorted(self._unhealthy - still):
-            self._mark([uuid], NO_INSTANCE, NO_INSTANCE, True, "faults cleared")
-
-    def _mark(self, gpu_uuids: list[str], gi: int, ci: int, healthy: bool, reason: str) -> None:
-        for gpu_uuid in gpu_uuids:
-            gpu = self._gpus[gpu_uuid]
-            if healthy:
-                self._unhealthy.discard(gpu_uuid)
-            else:
-                self._unhealthy.add(gpu_uuid)
-            self._on_change(affected_uuids(gpu, gi, ci), healthy, reason)
-
-
-def _describe(event_type: int, data: int) -> str:
-    if event_type & pynvml.nvmlEventTypeXidCriticalError:
-        return f"XidCriticalError: Xid={data}"
-    return "DoubleBitEccError"
+        gpu = self._by_uuid.get(text(pynvml.nvmlDeviceGetUUID(event.device)))
+        if gpu is None:
+            _log.info("Ignoring event for unexpected device")
+            return
+        hit = affected(self._devices, gpu, event.gpuInstanceId, event.computeInstanceId)
+        if hit:
+            self._unhealthy(hit, f"XidCriticalError: Xid={event.eventData}")

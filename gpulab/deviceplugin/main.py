@@ -1,8 +1,15 @@
-"""The device plugin's main loop: discover GPUs, serve one plugin per resource, keep registered.
+"""The device plugin's main loop: load the config, discover GPUs, start one plugin per resource.
 
-Mirrors NVIDIA k8s-device-plugin ``cmd/nvidia-device-plugin/main.go`` (``start``,
-``startPlugins``, the restart loop on kubelet.sock re-creation) plus GFD's node labelling
-and HAMi's node registration when an API server is reachable.
+Mirrors NVIDIA k8s-device-plugin v0.20.0 ``cmd/nvidia-device-plugin/main.go``: ``start``
+(restart the plugins when ``kubelet.sock`` is created again, on ``SIGHUP``, and 30 s after
+a plugin failed to start; stop on ``SIGTERM``/``SIGINT``), ``startPlugins`` (load the
+config file and flags, build the resources, ``Start`` each plugin with devices: Serve →
+Register → health check) and ``stopPlugins``. Labelling the node with GFD's labels (a
+separate daemon upstream, ``gpu-feature-discovery``) and HAMi's node registration run here
+when an API server is reachable.
+
+Deliberate difference: ``kubelet.sock`` is watched by polling its identity every 0.2 s
+(upstream: an fsnotify Create event), which also catches a socket replaced between polls.
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -19,29 +27,77 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpulab.deviceplugin import nvml
+from gpulab.deviceplugin.config import (
+    Config,
+    ConfigError,
+    FlagOverrides,
+    hami_config,
+    merge,
+    parse,
+)
 from gpulab.deviceplugin.hami import HamiAllocator, HamiRegistrar
-from gpulab.deviceplugin.health import CheckHealth, xid_filter
+from gpulab.deviceplugin.health import xid_filter
 from gpulab.deviceplugin.labels import gfd_labels
-from gpulab.deviceplugin.rm import build_resources
-from gpulab.deviceplugin.server import KUBELET_SOCKET, HealthBoard, NvidiaDevicePlugin
+from gpulab.deviceplugin.rm import MIG_MINORS_FILE, GPUInfo, build_resources, parse_mig_minors
+from gpulab.deviceplugin.server import (
+    KUBELET_SOCKET,
+    Allocator,
+    DefaultAllocator,
+    NvidiaDevicePlugin,
+)
 from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
 from gpulab.trace import ObjectRef, Tracer
 
 _log = logging.getLogger(__name__)
 
 _LOOP_SECONDS = 0.2
-_BACKOFF_MAX = 5.0
+RETRY_SECONDS = 30.0  # upstream: "Failed to start one or more plugins. Retrying in 30s..."
 
 
 @dataclass(frozen=True)
 class Options:
     node_name: str
     socket_dir: Path
-    mig_strategy: str = "none"
-    replicas: int = 1
+    config_file: Path | None = None
+    flags: FlagOverrides = field(default_factory=FlagOverrides)
+    mig_minors: Path = Path(MIG_MINORS_FILE)
     hami: bool = False
     hami_split_count: int = DEFAULT_SPLIT_COUNT
-    health_recheck_seconds: float = 2.0
+
+
+def load_config(opts: Options) -> Config:
+    """Upstream ``loadConfig``: the file (if any), then the flags set explicitly."""
+    config = Config()
+    if opts.config_file is not None:
+        try:
+            text = opts.config_file.read_text()
+        except OSError as exc:
+            raise ConfigError(
+                f"unable to load config: {opts.config_file}: {exc.strerror or exc}"
+            ) from exc
+        config = parse(text, str(opts.config_file))
+    config = merge(config, opts.flags)
+    if opts.hami:
+        if config.mig_strategy != "none" or config.time_slicing.resources:
+            raise ConfigError(
+                "--hami shares whole GPUs itself: use it with no MIG strategy "
+                "and no sharing.timeSlicing"
+            )
+        config = hami_config(opts.hami_split_count)
+    for key in config.ignored:
+        _log.info("config: %s is not simulated by the lab; ignored", key)
+    for warning in config.warnings:
+        _log.warning("config: %s", warning)
+    return config
+
+
+def _mig_caps(opts: Options, config: Config, gpus: list[GPUInfo]) -> dict[str, str]:
+    if config.mig_strategy == "none" or not any(g.mig_enabled for g in gpus):
+        return {}
+    try:
+        return parse_mig_minors(opts.mig_minors.read_text())
+    except FileNotFoundError:
+        return {}  # upstream: no mig-minors file, no MIG capability paths
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -52,141 +108,166 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
-class _Registration:
-    """Per-plugin registration state with exponential backoff (1 s → 5 s)."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.next_try = 0.0
-        self.delay = 0.0
-
-    def reset(self) -> None:
-        self.done, self.next_try, self.delay = False, 0.0, 0.0
-
-    def failed(self, now: float) -> float:
-        self.delay = min(max(self.delay * 2, 1.0), _BACKOFF_MAX)
-        self.next_try = now + self.delay
-        return self.delay
-
-
-def label_node(api: client.ApiClient, node: str, labels: dict[str, str]) -> None:
+def label_node(api: client.ApiClient, node: str, labels: dict[str, str | None]) -> None:
     try:
         client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": labels}})
     except ApiException as exc:
         _log.warning("could not label node %s: %s %s", node, exc.status, exc.reason)
 
 
-def start(opts: Options, api: client.ApiClient | None, stop: threading.Event) -> None:
-    """Run until ``stop`` is set. Raises NVMLInitError / ResourceError on bad input."""
+class PluginManager:
+    """``startPlugins``/``stopPlugins`` and what they share across restarts."""
+
+    def __init__(self, opts: Options, api: client.ApiClient | None, tracer: Tracer) -> None:
+        self.opts = opts
+        self.api = api
+        self.tracer = tracer
+        self.plugins: list[NvidiaDevicePlugin] = []
+        self.registrar: HamiRegistrar | None = None
+        self._labels: dict[str, str] = {}
+        self._node = ObjectRef(kind="Node", name=opts.node_name)
+
+    def healthy(self, uuid: str) -> bool:
+        return all(p.healthy(uuid) for p in self.plugins)
+
+    def _poke(self) -> None:
+        if self.registrar is not None:
+            self.registrar.poke()
+
+    def start_plugins(self) -> bool:
+        """Start a plugin per resource with devices; False if one failed (retry later)."""
+        config = load_config(self.opts)
+        gpus = nvml.read_inventory()
+        resources = build_resources(gpus, config, _mig_caps(self.opts, config, gpus))
+        self.tracer.step(
+            "Start",
+            self._node,
+            f"{len(gpus)} GPU(s) via NVML; resources: "
+            + (", ".join(f"{r.name}={len(r.devices)}" for r in resources) or "none"),
+            config=config.to_json(),
+        )
+        self._label(gpus, config)
+        allocator: Allocator = DefaultAllocator(config.pass_device_specs, os.path.exists)
+        if self.opts.hami and self.api is not None:
+            allocator = HamiAllocator(client.CoreV1Api(self.api), self.opts.node_name, self.tracer)
+            if self.registrar is None:
+                self.registrar = HamiRegistrar(
+                    self.api,
+                    self.opts.node_name,
+                    gpus,
+                    self.healthy,
+                    self.opts.hami_split_count,
+                    self.tracer,
+                )
+                self.registrar.start()
+        xids = xid_filter(os.environ)
+        self.plugins = [
+            NvidiaDevicePlugin(
+                r,
+                gpus,
+                config,
+                self.opts.socket_dir,
+                self.tracer,
+                self.opts.node_name,
+                xids,
+                allocator,
+                self._poke,
+            )
+            for r in resources
+        ]
+        if not self.plugins:
+            _log.info("No devices found. Waiting indefinitely.")
+        for p in self.plugins:
+            try:
+                p.Start()
+            except (OSError, grpc.RpcError) as exc:
+                detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+                _log.warning("Failed to start plugin %s: %s", p.resource.name, detail)
+                return False
+        self._poke()
+        return True
+
+    def stop_plugins(self) -> None:
+        for p in self.plugins:
+            p.Stop()
+        self.plugins = []
+
+    def stop(self) -> None:
+        self.stop_plugins()
+        if self.registrar is not None:
+            self.registrar.stop()
+
+    def _label(self, gpus: list[GPUInfo], config: Config) -> None:
+        """GFD: set this config's labels and drop the ones an earlier config set."""
+        if self.api is None:
+            return
+        labels = gfd_labels(gpus, config)
+        stale: dict[str, str | None] = dict.fromkeys(set(self._labels) - set(labels))
+        label_node(self.api, self.opts.node_name, {**stale, **labels})
+        self._labels = labels
+
+
+def start(
+    opts: Options,
+    api: client.ApiClient | None,
+    stop: threading.Event,
+    restart: threading.Event | None = None,
+) -> None:
+    """Run until ``stop`` is set; ``restart`` (SIGHUP) restarts the plugins.
+
+    Raises NVMLInitError / ConfigError / ResourceError on bad input.
+    """
     nvml.init()
     try:
-        _run(opts, api, stop)
+        _run(opts, api, stop, restart or threading.Event())
     finally:
         nvml.shutdown()
 
 
-def _run(opts: Options, api: client.ApiClient | None, stop: threading.Event) -> None:
-    gpus = nvml.read_inventory()
-    resources = build_resources(gpus, opts.mig_strategy, opts.replicas)
+def _run(
+    opts: Options, api: client.ApiClient | None, stop: threading.Event, restart: threading.Event
+) -> None:
     tracer = Tracer("device-plugin", api, instance=opts.node_name)
-    node_ref = ObjectRef(kind="Node", name=opts.node_name)
-    uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.migs]
-    board = HealthBoard(uuids)
-    peers = {g.index: g.nvlink_peers for g in gpus}
-    tracer.step(
-        "Start",
-        node_ref,
-        f"{len(gpus)} GPU(s) via NVML; resources: "
-        + (", ".join(f"{r.name}={len(r.devices)}" for r in resources) or "none"),
-        mig_strategy=opts.mig_strategy,
-        replicas=opts.replicas,
-    )
-    if not resources:
-        _log.info("No devices found. Waiting indefinitely.")
-
-    registrar: HamiRegistrar | None = None
-    allocator = None
-    if api is not None:
-        label_node(api, opts.node_name, gfd_labels(gpus, opts.mig_strategy, opts.replicas))
-        if opts.hami:
-            registrar = HamiRegistrar(
-                api, opts.node_name, gpus, board.healthy, opts.hami_split_count, tracer
-            )
-            allocator = HamiAllocator(client.CoreV1Api(api), opts.node_name, tracer)
-
-    def on_health(changed_uuids: list[str], healthy: bool, reason: str) -> None:
-        changed = board.set(changed_uuids, healthy)
-        if not changed:
-            return
-        state = "Healthy" if healthy else "Unhealthy"
-        tracer.step(
-            "CheckHealth",
-            node_ref,
-            f"{', '.join(changed)} {state}: {reason}",
-            warning=not healthy,
-            devices=changed,
-            healthy=healthy,
-            reason=reason,
-        )
-        if registrar is not None:
-            registrar.poke()
-
-    health = CheckHealth(gpus, on_health, xid_filter(os.environ), opts.health_recheck_seconds)
-    plugins = [
-        NvidiaDevicePlugin(r, opts.socket_dir, board, tracer, opts.node_name, peers, allocator)
-        for r in resources
-    ]
-    registrations = {p.resource.name: _Registration() for p in plugins}
+    manager = PluginManager(opts, api, tracer)
     kubelet = opts.socket_dir / KUBELET_SOCKET
-    health.start()
-    if registrar is not None:
-        registrar.start()
-    for p in plugins:
-        p.Start()
     seen_kubelet = _identity(kubelet)
     try:
+        retry_at = _restart(manager, None)
         while not stop.wait(_LOOP_SECONDS):
-            current = _identity(kubelet)
-            if current != seen_kubelet:
-                seen_kubelet = current
-                if current is not None:
-                    # kubelet restarted (and wiped the socket dir): restart and re-register.
-                    _log.info("%s re-created; restarting plugins", kubelet)
-                    for p in plugins:
-                        p.Stop()
-                        p.Start()
-                        registrations[p.resource.name].reset()
-            for p in plugins:
-                reg = registrations[p.resource.name]
-                if not p.serving:
-                    _log.info("socket %s gone; restarting %s", p.socket, p.resource.name)
-                    p.Stop()
-                    p.Start()
-                    reg.reset()
-                if not reg.done and time.monotonic() >= reg.next_try:
-                    _register(p, reg)
+            why = _why_restart(kubelet, seen_kubelet, restart, retry_at)
+            if why is None:
+                continue
+            _log.info("%s, restarting.", why)
+            seen_kubelet = _identity(kubelet)
+            restart.clear()
+            retry_at = _restart(manager, why)
     finally:
-        health.stop()
-        if registrar is not None:
-            registrar.stop()
-        for p in plugins:
-            p.Stop()
-        health.join(timeout=2)
+        manager.stop()
         tracer.flush(timeout=2)
 
 
-def _register(plugin: NvidiaDevicePlugin, reg: _Registration) -> None:
-    try:
-        plugin.Register()
-    except (OSError, grpc.RpcError) as exc:
-        delay = reg.failed(time.monotonic())
-        detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        _log.warning(
-            "could not register %s with kubelet at %s: %s; retrying in %.0fs",
-            plugin.resource.name,
-            plugin.socket_dir / KUBELET_SOCKET,
-            detail,
-            delay,
-        )
-        return
-    reg.done = True
+def _why_restart(
+    kubelet: Path,
+    seen: tuple[int, int] | None,
+    restart: threading.Event,
+    retry_at: float | None,
+    now: Callable[[], float] = time.monotonic,
+) -> str | None:
+    current = _identity(kubelet)
+    if current is not None and current != seen:
+        return f"inotify: {kubelet} created"
+    if restart.is_set():
+        return "Received SIGHUP"
+    if retry_at is not None and now() >= retry_at:
+        return "Retrying plugins that failed to start"
+    return None
+
+
+def _restart(manager: PluginManager, why: str | None) -> float | None:
+    """Stop what runs, start again; the time to retry at if a plugin failed to start."""
+    if why is not None:
+        manager.stop_plugins()
+    if manager.start_plugins():
+        return None
+    _log.info("Failed to start one or more plugins. Retrying in %.0fs...", RETRY_SECONDS)
+    return time.monotonic() + RETRY_SECONDS

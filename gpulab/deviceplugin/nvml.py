@@ -1,10 +1,18 @@
-"""Reading the node's GPUs through NVML (pynvml from nvidia-ml-py) - the plugin's only view of them.
+"""Reading the node's GPUs through NVML (pynvml from nvidia-ml-py): the lab's one NVML reader.
 
-Mirrors what NVIDIA k8s-device-plugin reads via go-nvml/go-nvlib in ``internal/rm/nvml_devices.go``
-(UUID, name, memory, compute capability, minor number, NUMA node, MIG devices) and what
-go-gpuallocator reads for NVLink topology. Which ``libnvidia-ml.so.1`` is loaded is decided
-by the process environment (the fake-gpu shim sets ``LD_LIBRARY_PATH``); nothing here knows
-about the shim.
+The device plugin reads its inventory here, and so does ``gpulab fake-gpu smi``. Mirrors
+what NVIDIA k8s-device-plugin v0.20.0 reads through go-nvml/go-nvlib
+(``internal/rm/nvml_devices.go``: UUID, name, memory, compute capability, minor number,
+NUMA node from sysfs; MIG devices with their GPU/compute instance IDs and attributes) and
+what go-gpuallocator v0.6.0 ``NewDevices`` reads for topology (the common PCIe ancestor of
+each pair, and NVLinks counted by each link's remote PCI bus ID). Which
+``libnvidia-ml.so.1`` is loaded is decided by the process environment (the fake-gpu shim
+sets ``LD_LIBRARY_PATH``); nothing here knows about the shim.
+
+A MIG device's profile name comes from its attributes (slices and memory, as go-nvlib's
+``getMigMemorySizeGB``) instead of go-nvlib's walk through the GPU- and compute-instance
+profiles; for the full-size compute instances the lab's profiles define, both give the same
+name (the shim's component tests walk it both ways).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import pynvml
 from gpulab.deviceplugin.rm import GPUInfo, MigInfo, mig_profile_name
 
 _log = logging.getLogger(__name__)
+
+SYSFS_PCI = Path("/sys/bus/pci/devices")
 
 
 class NVMLInitError(RuntimeError):
@@ -48,11 +58,11 @@ def read_inventory() -> list[GPUInfo]:
     """Every GPU (and its MIG devices) NVML reports. NVML must be initialised."""
     count = pynvml.nvmlDeviceGetCount()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    peers = _nvlink_peers(handles)
-    return [_gpu(i, h, peers[i]) for i, h in enumerate(handles)]
+    bus_ids = [text(pynvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
+    return [_gpu(i, h, handles, bus_ids) for i, h in enumerate(handles)]
 
 
-def _gpu(index: int, handle: object, peers: tuple[int, ...]) -> GPUInfo:
+def _gpu(index: int, handle: object, handles: list[object], bus_ids: list[str]) -> GPUInfo:
     memory_mib = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024)
     mig_capable, mig_enabled = _mig_mode(handle)
     return GPUInfo(
@@ -62,8 +72,14 @@ def _gpu(index: int, handle: object, peers: tuple[int, ...]) -> GPUInfo:
         memory_mib=memory_mib,
         compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),  # type: ignore[arg-type]
         minor=_minor(index, handle),
-        numa_node=_numa_node(handle),
-        nvlink_peers=peers,
+        numa_node=_numa_node(handle, bus_ids[index]),
+        pci_bus_id=bus_ids[index],
+        topology={
+            j: int(pynvml.nvmlDeviceGetTopologyCommonAncestor(handle, other))
+            for j, other in enumerate(handles)
+            if j != index
+        },
+        nvlinks=_nvlinks(handle, index, bus_ids),
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
         migs=_migs(handle, memory_mib) if mig_enabled else (),
@@ -77,20 +93,36 @@ def _minor(index: int, handle: object) -> int:
         return index  # what the driver assigns when nothing else is plugged in
 
 
-def _numa_node(handle: object) -> int | None:
+def _numa_node(handle: object, bus_id: str) -> int | None:
     """NUMA node of the GPU: NVML first, then sysfs (what upstream reads), else unknown."""
     try:
         node = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
         return node if node >= 0 else None
     except pynvml.NVMLError:
         pass
-    bus_id = text(pynvml.nvmlDeviceGetPciInfo(handle).busId).lower()
-    path = Path("/sys/bus/pci/devices") / bus_id.removeprefix("0000") / "numa_node"
+    path = SYSFS_PCI / bus_id.lower().removeprefix("0000") / "numa_node"
     try:
-        node = int(path.readtext().strip())
+        node = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
+
+
+def _nvlinks(handle: object, index: int, bus_ids: list[str]) -> dict[int, int]:
+    """Other GPU index -> active NVLinks to it (go-gpuallocator ``GetNVLink``)."""
+    counts: dict[int, int] = {}
+    lowered = [b.lower() for b in bus_ids]
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                continue
+            remote = text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).lower()
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+            continue
+        if remote in lowered and lowered.index(remote) != index:
+            peer = lowered.index(remote)
+            counts[peer] = counts.get(peer, 0) + 1
+    return counts
 
 
 def _mig_mode(handle: object) -> tuple[bool, bool]:
@@ -108,34 +140,27 @@ def _migs(handle: object, gpu_memory_mib: int) -> tuple[MigInfo, ...]:
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
         except pynvml.NVMLError_NotFound:
             continue
-        attrs = pynvml.nvmlDeviceGetAttributes(mig)
+        a = pynvml.nvmlDeviceGetAttributes(mig)
         migs.append(
             MigInfo(
                 index=i,
                 uuid=text(pynvml.nvmlDeviceGetUUID(mig)),
                 gi_id=int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
                 ci_id=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
-                profile=mig_profile_name(
-                    attrs.gpuInstanceSliceCount, attrs.memorySizeMB, gpu_memory_mib
-                ),
-                memory_mib=int(attrs.memorySizeMB),
+                profile=mig_profile_name(a.gpuInstanceSliceCount, a.memorySizeMB, gpu_memory_mib),
+                memory_mib=int(a.memorySizeMB),
+                # GFD's MIG attribute labels (internal/resource/nvml-mig-device.go)
+                attributes={
+                    "memory": int(a.memorySizeMB),
+                    "multiprocessors": int(a.multiprocessorCount),
+                    "slices.gi": int(a.gpuInstanceSliceCount),
+                    "slices.ci": int(a.computeInstanceSliceCount),
+                    "engines.copy": int(a.sharedCopyEngineCount),
+                    "engines.decoder": int(a.sharedDecoderCount),
+                    "engines.encoder": int(a.sharedEncoderCount),
+                    "engines.jpeg": int(a.sharedJpegCount),
+                    "engines.ofa": int(a.sharedOfaCount),
+                },
             )
         )
     return tuple(migs)
-
-
-def _nvlink_peers(handles: list[object]) -> list[tuple[int, ...]]:
-    """GPU pairs that can talk peer-to-peer over NVLink (what go-gpuallocator scores)."""
-    peers: list[list[int]] = [[] for _ in handles]
-    for i, a in enumerate(handles):
-        for j in range(i + 1, len(handles)):
-            try:
-                status = pynvml.nvmlDeviceGetP2PStatus(
-                    a, handles[j], pynvml.NVML_P2P_CAPS_INDEX_NVLINK
-                )
-            except pynvml.NVMLError:
-                continue
-            if status == pynvml.NVML_P2P_STATUS_OK:
-                peers[i].append(j)
-                peers[j].append(i)
-    return [tuple(p) for p in peers]

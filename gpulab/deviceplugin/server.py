@@ -1,16 +1,21 @@
 """The device-plugin gRPC server for one resource, and its registration with kubelet.
 
-Mirrors NVIDIA k8s-device-plugin ``internal/plugin/server.go`` (``NvidiaDevicePlugin``:
-``Start`` → ``Serve`` → ``Register``; ``GetDevicePluginOptions``, ``ListAndWatch``,
-``GetPreferredAllocation``, ``Allocate``, ``PreStartContainer``). Health lives in a
-:class:`HealthBoard` shared by every resource of the node, fed by ``CheckHealth``.
+Mirrors NVIDIA k8s-device-plugin v0.20.0 ``internal/plugin/server.go``
+(``nvidiaDevicePlugin``: ``Start`` = ``Serve`` → ``Register`` → the ``CheckHealth``
+goroutine; ``Stop``; ``GetDevicePluginOptions``, ``ListAndWatch``,
+``GetPreferredAllocation``, ``Allocate``, ``PreStartContainer``). Errors reach kubelet as
+upstream's plain Go errors do: gRPC status ``UNKNOWN`` with upstream's message.
+
+Deliberate differences: upstream's health channel carries one device per ListAndWatch
+response; here one Xid sends one response with every device it hit. The lab's trace
+(``Serve``, ``Register``, ``ListAndWatch`` ... as Events) is the lab's narration.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Protocol
@@ -21,53 +26,29 @@ from gpulab.deviceplugin.allocate import (
     VISIBLE_DEVICES_ENV,
     AllocationError,
     ContainerAllocation,
-    check_request,
     container_allocation,
     preferred_allocation,
+    validate_request,
 )
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
-from gpulab.deviceplugin.rm import HEALTHY, UNHEALTHY, Device, ResourceSpec
+from gpulab.deviceplugin.config import Config
+from gpulab.deviceplugin.health import CheckHealth, XidFilter
+from gpulab.deviceplugin.rm import (
+    HEALTHY,
+    UNHEALTHY,
+    Device,
+    GPUInfo,
+    ResourceError,
+    ResourceSpec,
+)
 from gpulab.trace import ObjectRef, Tracer
 
 _log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-_REGISTER_TIMEOUT = 5.0
-
-
-class HealthBoard:
-    """Health of every device UUID on the node, with a version that bumps on each change."""
-
-    def __init__(self, uuids: Sequence[str]) -> None:
-        self._healthy = dict.fromkeys(uuids, True)
-        self._version = 0
-        self._cond = threading.Condition()
-
-    def set(self, uuids: Sequence[str], healthy: bool) -> list[str]:
-        """Record a health change; returns the UUIDs whose health actually changed."""
-        with self._cond:
-            changed = [u for u in uuids if u in self._healthy and self._healthy[u] != healthy]
-            for u in changed:
-                self._healthy[u] = healthy
-            if changed:
-                self._version += 1
-                self._cond.notify_all()
-            return changed
-
-    def healthy(self, uuid: str) -> bool:
-        with self._cond:
-            return self._healthy.get(uuid, False)
-
-    def wait(self, seen: int, timeout: float) -> tuple[int, dict[str, bool]]:
-        """Block until the version differs from ``seen`` (or timeout); (version, snapshot)."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._version != seen, timeout)
-            return self._version, dict(self._healthy)
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+_DIAL_TIMEOUT = 5.0  # upstream dial(..., 5*time.Second)
+MAX_SOCKET_PATH = 105  # what gRPC accepts of sockaddr_un.sun_path (108 bytes)
 
 
 class Allocator(Protocol):
@@ -80,7 +61,7 @@ class Allocator(Protocol):
         size: int,
         devices: Mapping[str, Device],
     ) -> list[str] | None:
-        """A preferred allocation of its own, or None to prefer by topology."""
+        """A preferred allocation of its own, or None to prefer as upstream does."""
         ...
 
     def allocate(
@@ -90,6 +71,10 @@ class Allocator(Protocol):
 
 class DefaultAllocator:
     """Upstream's Allocate: the requested devices, visible by UUID."""
+
+    def __init__(self, pass_device_specs: bool, present: Callable[[str], bool]) -> None:
+        self._pass_device_specs = pass_device_specs
+        self._present = present
 
     def prefer(
         self,
@@ -103,7 +88,10 @@ class DefaultAllocator:
     def allocate(
         self, requests: Sequence[Sequence[str]], devices: Mapping[str, Device]
     ) -> list[ContainerAllocation]:
-        return [container_allocation(ids, devices) for ids in requests]
+        return [
+            container_allocation(ids, devices, self._pass_device_specs, self._present)
+            for ids in requests
+        ]
 
 
 class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
@@ -112,32 +100,68 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     def __init__(
         self,
         resource: ResourceSpec,
+        gpus: Sequence[GPUInfo],
+        config: Config,
         socket_dir: Path,
-        board: HealthBoard,
         tracer: Tracer,
         node_name: str,
-        nvlink_peers: Mapping[int, Sequence[int]],
-        allocator: Allocator | None = None,
+        xids: XidFilter,
+        allocator: Allocator,
+        on_unhealthy: Callable[[], None] = lambda: None,
     ) -> None:
         self.resource = resource
         self.socket_dir = socket_dir
         self.socket = socket_dir / resource.socket_name
         self._devices = {d.id: d for d in resource.devices}
-        self._board = board
+        self._gpus = {g.index: g for g in gpus}
+        self._config = config
         self._tracer = tracer
         self._node = ObjectRef(kind="Node", name=node_name)
-        self._peers = nvlink_peers
-        self._allocator = allocator or DefaultAllocator()
+        self._xids = xids
+        self._allocator = allocator
+        self._on_unhealthy = on_unhealthy
+        self._cond = threading.Condition()
+        self._health = dict.fromkeys(self._devices, HEALTHY)
+        self._version = 0
         self._server: grpc.Server | None = None
+        self._health_check: CheckHealth | None = None
         self._stopping = threading.Event()
 
     # ---------------------------------------------------------------- lifecycle
 
     def Start(self) -> None:
-        """Serve; registration is retried by the caller until kubelet answers."""
+        """Serve, Register, then watch health; raises OSError/grpc.RpcError if kubelet
+        does not take the registration (the caller stops and retries every plugin)."""
         self.Serve()
+        try:
+            self.Register()
+        except (OSError, grpc.RpcError):
+            self.Stop()
+            raise
+        self._health_check = CheckHealth(
+            self.resource.devices,
+            list(self._gpus.values()),
+            self.mark_unhealthy,
+            self._xids,
+            name=f"CheckHealth-{self.resource.name}",
+            on_watching=self._watching,
+        )
+        self._health_check.start()
+
+    def _watching(self, gpus: int) -> None:
+        self._tracer.step(
+            "CheckHealth",
+            self._node,
+            f"{self.resource.name}: watching {gpus} GPU(s) for Xid critical errors",
+            resource=self.resource.name,
+        )
 
     def Serve(self) -> None:
+        if len(str(self.socket).encode()) > MAX_SOCKET_PATH:
+            raise ResourceError(
+                f"socket path {self.socket} is {len(str(self.socket).encode())} bytes; a unix "
+                f"socket path has at most {MAX_SOCKET_PATH}: use a shorter --socket-dir"
+            )
         self._stopping.clear()
         self.socket.unlink(missing_ok=True)  # a stale socket from a previous run
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
@@ -160,14 +184,14 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         if not kubelet.exists():
             raise FileNotFoundError(f"kubelet socket {kubelet} does not exist")
         with grpc.insecure_channel(f"unix://{kubelet}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=_DIAL_TIMEOUT)
             api_pb2_grpc.RegistrationStub(channel).Register(
                 api_pb2.RegisterRequest(
                     version=API_VERSION,
                     endpoint=self.socket.name,
                     resource_name=self.resource.name,
                     options=self._options(),
-                ),
-                timeout=_REGISTER_TIMEOUT,
+                )
             )
         self._tracer.step(
             "Register",
@@ -179,15 +203,46 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
 
     def Stop(self) -> None:
         self._stopping.set()
-        self._board.wake()
+        if self._health_check is not None:
+            self._health_check.stop()
+            self._health_check = None
+        with self._cond:
+            self._cond.notify_all()
         if self._server is not None:
             self._server.stop(grace=1).wait()
             self._server = None
         self.socket.unlink(missing_ok=True)
 
-    @property
-    def serving(self) -> bool:
-        return self._server is not None and self.socket.exists()
+    # ---------------------------------------------------------------- health
+
+    def mark_unhealthy(self, devices: Sequence[Device], reason: str) -> None:
+        """The health check's channel: these devices are Unhealthy for good."""
+        with self._cond:
+            changed = [d.id for d in devices if self._health.get(d.id) == HEALTHY]
+            for device_id in changed:
+                self._health[device_id] = UNHEALTHY
+            if changed:
+                self._version += 1
+                self._cond.notify_all()
+        if not changed:
+            return
+        self._tracer.step(
+            "CheckHealth",
+            self._node,
+            f"{self.resource.name}: {', '.join(changed)} Unhealthy: {reason}",
+            warning=True,
+            resource=self.resource.name,
+            devices=changed,
+            reason=reason,
+        )
+        self._on_unhealthy()
+
+    def healthy(self, uuid: str) -> bool:
+        """Is every device of this resource on ``uuid`` (a GPU or MIG UUID) healthy?"""
+        with self._cond:
+            return all(
+                self._health[d.id] == HEALTHY for d in self._devices.values() if d.uuid == uuid
+            )
 
     # ---------------------------------------------------------------- DevicePlugin service
 
@@ -199,22 +254,25 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     def GetDevicePluginOptions(self, request, context):
         return self._options()
 
-    def _device_list(self, health: Mapping[str, bool]) -> list[api_pb2.Device]:
+    def _device_list(self, health: Mapping[str, str]) -> list[api_pb2.Device]:
         out = []
         for d in self.resource.devices:
-            dev = api_pb2.Device(ID=d.id, health=HEALTHY if health.get(d.uuid) else UNHEALTHY)
+            dev = api_pb2.Device(ID=d.id, health=health[d.id])
             if d.numa_node is not None:
                 dev.topology.nodes.append(api_pb2.NUMANode(ID=d.numa_node))
             out.append(dev)
         return out
 
     def ListAndWatch(self, request, context) -> Iterator[api_pb2.ListAndWatchResponse]:
+        """The full list now, then again each time devices go Unhealthy."""
         seen = -1
         while not self._stopping.is_set() and context.is_active():
-            version, health = self._board.wait(seen, timeout=0.5)
-            if version == seen:
-                continue
-            seen = version
+            with self._cond:
+                if self._version == seen:
+                    self._cond.wait(timeout=0.5)
+                if self._version == seen:
+                    continue
+                seen, health = self._version, dict(self._health)
             devices = self._device_list(health)
             healthy = sum(1 for d in devices if d.health == HEALTHY)
             self._tracer.step(
@@ -234,21 +292,29 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             available = list(req.available_deviceIDs)
             must = list(req.must_include_deviceIDs)
             try:
-                ids = self._allocator.prefer(
-                    available, must, req.allocation_size, self._devices
-                ) or preferred_allocation(
-                    available, must, req.allocation_size, self._devices, self._peers
-                )
+                ids = self._allocator.prefer(available, must, req.allocation_size, self._devices)
+                if ids is None:
+                    ids = preferred_allocation(
+                        available,
+                        must,
+                        req.allocation_size,
+                        self._devices,
+                        self._gpus,
+                        self._config.allocation_policy,
+                    )
             except AllocationError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                context.abort(
+                    grpc.StatusCode.UNKNOWN,
+                    f"error getting list of preferred allocation devices: {exc}",
+                )
             response.container_responses.add(deviceIDs=ids)
             self._tracer.step(
                 "GetPreferredAllocation",
                 self._node,
-                f"{self.resource.name}: prefer {', '.join(ids)}",
+                f"{self.resource.name}: prefer {', '.join(ids) or 'nothing'}",
                 resource=self.resource.name,
-                available=len(req.available_deviceIDs),
-                must_include=list(req.must_include_deviceIDs),
+                available=len(available),
+                must_include=must,
                 size=req.allocation_size,
                 preferred=ids,
             )
@@ -258,26 +324,18 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         requests = [list(r.devices_ids) for r in request.container_requests]
         try:
             for ids in requests:
-                check_request(
-                    ids,
-                    self._devices,
-                    {
-                        i: self._board.healthy(self._devices[i].uuid)
-                        for i in ids
-                        if i in self._devices
-                    },
-                )
+                validate_request(ids, self._devices, self._config)
+        except AllocationError as exc:
+            self._reject(requests, str(exc))
+            context.abort(
+                grpc.StatusCode.UNKNOWN,
+                f'invalid allocation request for "{self.resource.name}": {exc}',
+            )
+        try:
             allocations = self._allocator.allocate(requests, self._devices)
         except AllocationError as exc:
-            self._tracer.step(
-                "Allocate",
-                self._node,
-                f"{self.resource.name}: rejected: {exc}",
-                warning=True,
-                resource=self.resource.name,
-                requested=requests,
-            )
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource.name}: {exc}")
+            self._reject(requests, str(exc))
+            context.abort(grpc.StatusCode.UNKNOWN, f"failed to get allocate response: {exc}")
         response = api_pb2.AllocateResponse()
         for alloc in allocations:
             container = response.container_responses.add()
@@ -295,8 +353,19 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                 f"{self.resource.name}: {VISIBLE_DEVICES_ENV}={visible}",
                 resource=self.resource.name,
                 envs=alloc.envs,
+                device_specs=[s.host_path for s in alloc.devices],
             )
         return response
+
+    def _reject(self, requests: list[list[str]], why: str) -> None:
+        self._tracer.step(
+            "Allocate",
+            self._node,
+            f"{self.resource.name}: rejected: {why}",
+            warning=True,
+            resource=self.resource.name,
+            requested=requests,
+        )
 
     def PreStartContainer(self, request, context):
         self._tracer.step(

@@ -18,7 +18,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--node", required=True, help="simulated node name")
         p.add_argument(
             "--state-dir",
-            help=f"state root (default: ${paths.ENV_STATE_ROOT} or {paths.DEFAULT_STATE_ROOT})",
+            help=f"state root (default: ${paths.ENV_STATE_ROOT}, else the default cluster's "
+            f"{paths.NODE_STATE_DIR} on the node)",
         )
 
     p = sub.add_parser("render", help="write the shim config of a profile on a node")
@@ -52,10 +53,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_render(args: argparse.Namespace) -> int:
     profile = load(args.profile)
-    ndir = paths.node_dir(paths.state_root(args.state_dir), args.node)
-    out = Path(args.output) if args.output else ndir / paths.CONFIG_NAME
-    render.write(profile, args.node, out, state_dir=ndir)
-    print(out)
+    ndir = paths.node_dir(paths.state_root(args.state_dir, args.node), args.node)
+    out = Path(args.output) if args.output else None
+    print(render.write_node(profile, args.node, ndir, out))
     return 0
 
 
@@ -75,7 +75,7 @@ def _checked_gpu(ndir: Path, node: str, gpu: int) -> int:
 
 
 def cmd_inject(args: argparse.Namespace) -> int:
-    ndir = paths.node_dir(paths.state_root(args.state_dir), args.node)
+    ndir = paths.node_dir(paths.state_root(args.state_dir, args.node), args.node)
     gpu = _checked_gpu(ndir, args.node, args.gpu)
     if args.ecc_dbe:
         injected = faults.inject_ecc_dbe(ndir, gpu)
@@ -91,7 +91,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    ndir = paths.node_dir(paths.state_root(args.state_dir), args.node)
+    ndir = paths.node_dir(paths.state_root(args.state_dir, args.node), args.node)
     if args.gpu is not None:
         _checked_gpu(ndir, args.node, args.gpu)
     faults.clear(ndir, args.gpu)
@@ -101,7 +101,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    ndir = paths.node_dir(paths.state_root(args.state_dir), args.node)
+    ndir = paths.node_dir(paths.state_root(args.state_dir, args.node), args.node)
     active = faults.active(ndir)
     for gpu in range(_gpu_count(ndir, args.node)):
         found = active.get(gpu, [])

@@ -8,9 +8,10 @@ single write under an exclusive lock::
     <seq> clear <gpu>|all
 
 Every process using the shim polls the log while it waits for events, so an injected
-fault reaches a waiting consumer within ~50 ms without restarting anything. A fault stays
-*active* until cleared: the shim replays active faults to an event set when a device is
-registered on it, so a restarted consumer sees the same unhealthy GPUs.
+fault reaches a waiting consumer within ~50 ms without restarting anything. Each fault is
+delivered once, never replayed to a consumer that registers later (as real NVML). A fault
+stays *active* in the shim's state until cleared; ``clear`` is a lab convenience that
+changes only that state (``status``, the smi table) and sends no event.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ class Fault:
 
     @property
     def fatal(self) -> bool:
-        """Whether NVIDIA's device plugin would mark the GPU unhealthy for this event."""
-        return self.event_type != EVENT_SINGLE_BIT_ECC and self.xid not in IGNORED_XIDS
+        """Whether NVIDIA's device plugin would mark the GPU unhealthy for this event: only
+        Xid critical errors outside the application list (the ECC events themselves are
+        skipped; a double-bit error counts through its Xid 48)."""
+        return self.xid is not None and self.xid not in IGNORED_XIDS
 
     def describe(self) -> str:
         if self.xid is not None:
@@ -117,7 +120,8 @@ def inject_ecc_dbe(node_dir: Path, gpu: int) -> list[Fault]:
 
 
 def clear(node_dir: Path, gpu: int | None = None) -> None:
-    """Restore health of one GPU, or of every GPU on the node."""
+    """Clear the shim's fault state of one GPU, or of every GPU on the node (a lab
+    convenience; no NVML event: a running device plugin keeps the GPU Unhealthy)."""
     _append(node_dir, [f"clear {'all' if gpu is None else gpu}"])
 
 

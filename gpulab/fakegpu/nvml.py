@@ -25,6 +25,8 @@ from gpulab.fakegpu.profiles import Profile, ProfileError, load
 ENV_CONFIG = "FAKE_GPU_CONFIG"  # the rendered node file (required by the shim)
 ENV_STATE_DIR = "FAKE_GPU_STATE_DIR"  # optional: overrides the config's state_dir
 ENV_LIB = "GPULAB_FAKE_GPU_LIB"  # optional: another build of the shim
+# The node's /proc/driver/nvidia-caps/mig-minors, for `gpulab device-plugin --mig-minors`.
+ENV_MIG_MINORS = "MIG_MINORS_FILE"
 
 
 def shim_path() -> Path:
@@ -41,15 +43,18 @@ def shim_env(node: str, profile: str | Path | Profile, state_dir: str | Path) ->
 
     ``state_dir`` is the state root shared by all simulated nodes (the CLI's
     ``--state-dir``); this node's files go to ``<state_dir>/<node>/``. Returns
-    FAKE_GPU_CONFIG and LD_LIBRARY_PATH (the shim's directory first, then the caller's).
+    FAKE_GPU_CONFIG, LD_LIBRARY_PATH (the shim's directory first, then the caller's) and
+    MIG_MINORS_FILE (the fake driver's ``mig-minors``, which the device plugin reads).
     """
     prof = profile if isinstance(profile, Profile) else load(profile)
     ndir = paths.node_dir(state_dir, node)
-    config = render.write(prof, node, ndir / paths.CONFIG_NAME, state_dir=ndir)
+    config = render.write_node(prof, node, ndir)
+    minors = ndir / paths.MIG_MINORS_NAME
     lib_dir = str(shim_path().parent)
     inherited = os.environ.get("LD_LIBRARY_PATH", "")
     return {
         ENV_CONFIG: str(config),
+        ENV_MIG_MINORS: str(minors),
         "LD_LIBRARY_PATH": f"{lib_dir}:{inherited}" if inherited else lib_dir,
     }
 

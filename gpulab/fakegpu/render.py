@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.fakegpu.paths import CONFIG_NAME, MIG_MINORS_NAME
 from gpulab.fakegpu.profiles import GPU, GPUModel, MigProfile, Profile, gpu_uuid, mig_uuid
 
 FORMAT_VERSION = 1
@@ -121,6 +122,29 @@ def render(profile: Profile, node: str, state_dir: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The driver's /proc/driver/nvidia-caps/mig-minors layout: config, monitor, then per GPU
+# minor 15 GPU-instance slots of one access file plus 8 compute-instance access files.
+_MIG_GI_SLOTS, _MIG_CI_SLOTS, _MIG_FIRST = 15, 8, 3
+
+
+def mig_minors(profile: Profile) -> str:
+    """What the NVIDIA driver writes to /proc/driver/nvidia-caps/mig-minors on this board
+    (the device plugin maps MIG devices to /dev/nvidia-caps/nvidia-cap<N> with it)."""
+    lines = ["config 1", "monitor 2"]
+    per_gi = 1 + _MIG_CI_SLOTS
+    for gpu in profile.gpus:
+        if not gpu.model.mig_capable:
+            continue
+        base = _MIG_FIRST + gpu.index * _MIG_GI_SLOTS * per_gi
+        for gi in range(_MIG_GI_SLOTS):
+            lines.append(f"gpu{gpu.index}/gi{gi}/access {base + gi * per_gi}")
+            lines += [
+                f"gpu{gpu.index}/gi{gi}/ci{ci}/access {base + gi * per_gi + 1 + ci}"
+                for ci in range(_MIG_CI_SLOTS)
+            ]
+    return "\n".join(lines) + "\n"
+
+
 def write(profile: Profile, node: str, path: Path, state_dir: Path | None = None) -> Path:
     """Render to ``path`` atomically, so a shim starting meanwhile never reads half a file."""
     path = Path(path)
@@ -134,4 +158,14 @@ def write(profile: Profile, node: str, path: Path, state_dir: Path | None = None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def write_node(profile: Profile, node: str, node_dir: Path, config: Path | None = None) -> Path:
+    """Everything the fake driver provides on a node: the shim's config (at ``config``,
+    default ``<node_dir>/config``) and ``<node_dir>/mig-minors``. Returns the config path."""
+    node_dir = Path(node_dir)
+    node_dir.mkdir(parents=True, exist_ok=True)
+    path = write(profile, node, config or node_dir / CONFIG_NAME, state_dir=node_dir)
+    (node_dir / MIG_MINORS_NAME).write_text(mig_minors(profile))
     return path

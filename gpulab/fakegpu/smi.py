@@ -1,5 +1,6 @@
 """A small ``nvidia-smi`` over the fake-gpu shim: the summary table and ``-L``, read
-through NVIDIA's own Python bindings (pynvml) exactly as a consumer would see them.
+through NVIDIA's own Python bindings (pynvml) exactly as a consumer would see them, with
+the same reader as the device plugin (:func:`gpulab.deviceplugin.nvml.read_inventory`).
 
 Run it in a process whose environment already points at the shim (see
 :mod:`gpulab.fakegpu.nvml`); `gpulab fake-gpu smi` and `fake-nvidia-smi` arrange that.
@@ -17,6 +18,8 @@ from typing import TypeVar
 
 import pynvml
 
+from gpulab.deviceplugin.nvml import read_inventory
+from gpulab.deviceplugin.rm import GPUInfo
 from gpulab.fakegpu import faults, nvml, paths
 from gpulab.fakegpu.profiles import ProfileError
 
@@ -26,26 +29,17 @@ _WIDE = 91  # the table width of nvidia-smi
 
 
 @dataclass(frozen=True)
-class MigInfo:
-    index: int
-    uuid: str
-    profile: str  # "1g.5gb"
-    gi: int
-    ci: int
-    memory_mib: int
+class Row:
+    """One GPU of the table: the inventory (the lab's one NVML reader, shared with the
+    device plugin) plus the live readings only nvidia-smi shows."""
 
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    name: str
-    uuid: str
-    bus_id: str
-    memory_mib: int
+    gpu: GPUInfo
     used_mib: int
     temperature: int | None
-    mig_mode: int | None  # None: not MIG capable
-    migs: tuple[MigInfo, ...]
+
+    @property
+    def mig_mode(self) -> int | None:  # None: not MIG capable
+        return int(self.gpu.mig_enabled) if self.gpu.mig_capable else None
 
 
 def _try(fn: Callable[..., T], *args: object) -> T | None:
@@ -56,54 +50,26 @@ def _try(fn: Callable[..., T], *args: object) -> T | None:
         return None
 
 
-def _migs(handle: object) -> tuple[MigInfo, ...]:
-    out = []
-    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        try:
-            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
-        except pynvml.NVMLError_NotFound:
-            continue
-        name = pynvml.nvmlDeviceGetName(mig)
-        out.append(
-            MigInfo(
-                index=j,
-                uuid=pynvml.nvmlDeviceGetUUID(mig),
-                profile=name.rsplit(" MIG ", 1)[-1],
-                gi=pynvml.nvmlDeviceGetGpuInstanceId(mig),
-                ci=pynvml.nvmlDeviceGetComputeInstanceId(mig),
-                memory_mib=pynvml.nvmlDeviceGetMemoryInfo(mig).total >> 20,
-            )
-        )
-    return tuple(out)
-
-
-def read_gpus() -> list[GpuInfo]:
+def read_gpus() -> list[Row]:
     """Everything the table shows, read through pynvml (caller has called nvmlInit)."""
-    gpus = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        mode = _try(pynvml.nvmlDeviceGetMigMode, h)
-        gpus.append(
-            GpuInfo(
-                index=i,
-                name=pynvml.nvmlDeviceGetName(h),
-                uuid=pynvml.nvmlDeviceGetUUID(h),
-                bus_id=pynvml.nvmlDeviceGetPciInfo(h).busId,
-                memory_mib=mem.total >> 20,
-                used_mib=mem.used >> 20,
+    rows = []
+    for gpu in read_inventory():
+        h = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        rows.append(
+            Row(
+                gpu=gpu,
+                used_mib=pynvml.nvmlDeviceGetMemoryInfo(h).used >> 20,
                 temperature=_try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
-                mig_mode=None if mode is None else mode[0],
-                migs=_migs(h) if mode and mode[0] else (),
             )
         )
-    return gpus
+    return rows
 
 
-def format_list(gpus: list[GpuInfo]) -> str:
+def format_list(rows: list[Row]) -> str:
     """``nvidia-smi -L``."""
     lines = []
-    for g in gpus:
+    for r in rows:
+        g = r.gpu
         lines.append(f"GPU {g.index}: {g.name} (UUID: {g.uuid})")
         for m in g.migs:
             lines.append(f"  MIG {m.profile:<11} Device {m.index:>2}: (UUID: {m.uuid})")
@@ -124,7 +90,7 @@ def _boxed(text: str) -> str:
     return f"| {text:<{_WIDE - 4}} |"
 
 
-def format_table(driver: str, cuda: int, gpus: list[GpuInfo], health: dict[int, str]) -> str:
+def format_table(driver: str, cuda: int, rows: list[Row], health: dict[int, str]) -> str:
     """The default ``nvidia-smi`` summary; ``health`` maps GPU index to a fault note."""
     a, b, c = 41, 24, 22
     sep = f"+{'-' * a}+{'-' * b}+{'-' * c}+"
@@ -153,20 +119,21 @@ def format_table(driver: str, cuda: int, gpus: list[GpuInfo], health: dict[int, 
         _row(("", "", a), ("", "", b), ("", "MIG M.", c)),
         f"+{'=' * a}+{'=' * b}+{'=' * c}+",
     ]
-    for g in gpus:
-        temp = "N/A" if g.temperature is None else f"{g.temperature}C"
-        mig = {None: "N/A", 0: "Disabled", 1: "Enabled"}[g.mig_mode]
+    for r in rows:
+        g = r.gpu
+        temp = "N/A" if r.temperature is None else f"{r.temperature}C"
+        mig = {None: "N/A", 0: "Disabled", 1: "Enabled"}[r.mig_mode]
         lines += [
-            _row((f"{g.index:>3}  {g.name}", "On", a), (g.bus_id, "Off", b), ("", "0", c)),
+            _row((f"{g.index:>3}  {g.name}", "On", a), (g.pci_bus_id, "Off", b), ("", "0", c)),
             _row(
                 (f"N/A  {temp:>4}    P0", "N/A /  N/A", a),
-                ("", f"{g.used_mib}MiB / {g.memory_mib}MiB", b),
+                ("", f"{r.used_mib}MiB / {g.memory_mib}MiB", b),
                 ("0%", "Default", c),
             ),
             _row(("", "", a), ("", "", b), ("", mig, c)),
             sep,
         ]
-    migs = [(g.index, m) for g in gpus for m in g.migs]
+    migs = [(r.gpu.index, m) for r in rows for m in r.gpu.migs]
     if migs:
         lines += [
             "",
@@ -179,7 +146,7 @@ def format_table(driver: str, cuda: int, gpus: list[GpuInfo], health: dict[int, 
         for gpu_index, m in migs:
             lines.append(
                 _boxed(
-                    f"{gpu_index:>3} {m.gi:>3} {m.ci:>3} {m.index:>4}  {m.profile:<12} "
+                    f"{gpu_index:>3} {m.gi_id:>3} {m.ci_id:>3} {m.index:>4}  {m.profile:<12} "
                     f"{0:>12}MiB / {m.memory_mib:>5}MiB"
                 )
             )
@@ -244,7 +211,7 @@ def select_node(node: str | None, profile: str | None, state_dir: str | None) ->
         if not os.environ.get(nvml.ENV_CONFIG):
             raise ProfileError(f"give --node (and --profile), or set {nvml.ENV_CONFIG}")
         return
-    root = paths.state_root(state_dir)
+    root = paths.state_root(state_dir, node)
     if profile is not None:
         os.environ.update(nvml.shim_env(node, profile, root))
     else:

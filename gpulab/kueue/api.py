@@ -11,6 +11,7 @@ resource_formatter.go ``ResourceQuantityString``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
 from kubernetes.utils.quantity import parse_quantity
 
@@ -156,6 +157,27 @@ def resource_value(name: str, value: object) -> int:
 
 
 _BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+
+
+# Exact Decimal quantities, shared with the scheduling framework and Volcano.
+def quantity(value: object) -> Decimal:
+    """A Kubernetes quantity ("500m", "36Gi", 9) as an exact Decimal."""
+    return parse_quantity(value)
+
+
+def format_quantity(value: Decimal) -> str:
+    """An exact, short quantity string: 3 -> "3", 0.5 -> "500m", 1887436800 -> "1800Mi"."""
+    if value == value.to_integral_value():
+        n = int(value)
+        # Byte counts read best in binary units (what memory requests are written in).
+        for suffix, unit in _BINARY:
+            if n >= unit and n % unit == 0:
+                return f"{n // unit}{suffix}"
+        return str(n)
+    milli = value * 1000
+    if milli == milli.to_integral_value():
+        return f"{int(milli)}m"
+    return format(value.normalize(), "f")
 
 
 def format_value(name: str, v: int) -> str:

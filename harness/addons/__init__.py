@@ -1,29 +1,34 @@
-"""Components the local backend starts with a cluster: a spec's ``addons`` list.
+"""A chapter's components on a cluster: a spec's ``addons`` list, or what a demo needs.
 
-On kind the same components run as the workloads in ``manifests/``; on the local
-backend each addon starts them as host processes of the cluster (so `gpulab down` stops
-them), then applies its ``manifests/<addon>/`` with the local transform, so the real API
-server still validates every object and webhooks point at the host process.
+An addon deploys ``manifests/<addon>/`` through the backend (every backend runs the same
+manifests: the local backend's pod runner runs the lab's own pods) and then waits until
+the chapter works (e.g. nodes advertise their GPUs); what is left here is what differs
+from a plain apply. Each addon module exposes ``start(backend, progress) -> None``.
 
-Each addon module exposes ``start(cluster: LocalCluster, progress) -> None``.
+Addons whose components still run as host processes of the local backend (``LOCAL_ONLY``)
+start them with ``LocalCluster.start_process`` and dry-run their workloads.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from harness.local import LocalCluster
+from typing import Any
 
 # addon name -> module in this package (started in this order)
 ADDONS = {
     "device-plugin": "harness.addons.device_plugin",
     "hami": "harness.addons.hami",
     "kueue": "harness.addons.kueue",
+    "scheduling": "harness.addons.scheduling",
+    "volcano": "harness.addons.volcano",
+    "gpu-operator": "harness.addons.gpu_operator",
 }
+LOCAL_ONLY = {"hami", "kueue"}
+# addons that deploy a device plugin: their nodes start without GPU capacity (kubelet
+# learns it from the plugin's ListAndWatch)
+DEVICE_PLUGINS = {"device-plugin", "hami", "gpu-operator"}
 
 
-def start(name: str, cluster: LocalCluster, progress: Callable[[str], None]) -> None:
-    importlib.import_module(ADDONS[name]).start(cluster, progress)
+def start(name: str, backend: Any, progress: Callable[[str], None]) -> None:
+    importlib.import_module(ADDONS[name]).start(backend, progress)

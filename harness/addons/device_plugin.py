@@ -1,129 +1,143 @@
-"""Addon ``device-plugin``: for every GPU node, the NVIDIA device plugin reading that
-node's GPUs through the NVML shim, and the node agent playing kubelet's device manager for
-it, on a per-node device-plugins directory (what ``/var/lib/kubelet/device-plugins`` is on
-a real node). On kind the DaemonSet in ``manifests/device-plugin/`` does the same.
+"""Addon ``device-plugin``: the NVIDIA device plugin DaemonSet (``manifests/device-plugin/``)
+on every node labelled ``nvidia.com/gpu.present=true``, on every backend.
+
+On kind the pods register with the node's real kubelet; on the local backend the pod
+runner runs them (harness/podrunner) and each GPU node's node agent plays kubelet's device
+manager on the node's device-plugins directory. Either way the node then advertises what
+ListAndWatch reports.
+
+Per-node settings follow upstream's per-node config model: a spec node's ``devicePlugin:``
+settings select a named config through the node label ``nvidia.com/device-plugin.config``
+(harness/spec.py), the ConfigMap ``nvidia-device-plugin-configs`` holds the configs
+(upstream's config file format; the spec's combinations the shipped ones lack are added
+here), and the DaemonSet's ``config-manager --oneshot`` init container links the selected
+one for the plugin's ``--config-file``.
 """
 
 from __future__ import annotations
 
-import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 from kubernetes import client
 
-from gpulab.fakegpu import profiles
-from gpulab.fakegpu.nvml import shim_env
+from gpulab.deviceplugin.config import Config, hami_config, render, time_slicing
+from gpulab.deviceplugin.rm import build_resources, parse_mig_minors
+from gpulab.fakegpu import inventory, profiles
+from gpulab.fakegpu import render as fakegpu_render
 from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
-from harness.apply import MANIFESTS, apply
+from gpulab.wait import WaitTimeout, wait_for
+from harness.apply import FIELD_MANAGER, MANIFESTS, load_documents
+from harness.backends import SYSTEM_NAMESPACE, Backend
 from harness.errors import HarnessError
-from harness.spec import NodeSpec
-
-if TYPE_CHECKING:
-    from harness.local import LocalCluster
+from harness.spec import DevicePluginConfig, NodeSpec, device_plugin_config_name
 
 Progress = Callable[[str], None]
-GPULAB = [sys.executable, "-m", "gpulab"]
+CONFIGMAP = "nvidia-device-plugin-configs"
+COMPONENT = "gpulab-device-plugin"  # the DaemonSet's app.kubernetes.io/name
+ADVERTISE_TIMEOUT = 120.0
 
 
-def fake_gpu_root(cluster_dir: Path) -> Path:
-    """Where this cluster's simulated GPUs keep their config and faults."""
-    return cluster_dir / "fake-gpu"
+# ---------------------------------------------------------------- pure
 
 
-def socket_dir(cluster_dir: Path, node: str) -> Path:
-    return cluster_dir / "nodes" / node / "device-plugins"
+def plugin_config(settings: DevicePluginConfig) -> Config:
+    """What the device plugin runs with on such a node (its config file, or HAMi mode)."""
+    if settings.hami:
+        return hami_config(DEFAULT_SPLIT_COUNT)
+    return Config(mig_strategy=settings.mig_strategy, time_slicing=time_slicing(settings.replicas))
+
+
+def extra_configs(nodes: Iterable[NodeSpec]) -> dict[str, str]:
+    """Configs the spec's nodes select that the shipped ConfigMap lacks."""
+    shipped = next(
+        d
+        for d in load_documents([MANIFESTS / "device-plugin"])
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == CONFIGMAP
+    )
+    have = set(shipped.get("data") or {})
+    out = {}
+    for node in nodes:
+        name = device_plugin_config_name(node.device_plugin)
+        if node.profile and not node.device_plugin.hami and name not in have:
+            out[name] = render(plugin_config(node.device_plugin))
+    return dict(sorted(out.items()))
 
 
 def expected_resources(node: NodeSpec) -> dict[str, int]:
-    """What the node should advertise once its plugin has registered (pure)."""
-    profile = profiles.load(node.profile) if node.profile else None
-    if profile is None:
+    """What the node should advertise once its plugin has registered: the device plugin's
+    own resource builder over what NVML will report for the node's profile (pure)."""
+    if not node.profile:
         return {}
-    cfg = node.device_plugin
-    if cfg.mig_strategy == "mixed":
-        counts: dict[str, int] = {}
-        for gpu in profile.gpus:
-            if gpu.mig_enabled:
-                for mig in gpu.mig_instances:
-                    name = f"nvidia.com/mig-{mig.name}"
-                    counts[name] = counts.get(name, 0) + cfg.replicas
-            else:
-                counts["nvidia.com/gpu"] = counts.get("nvidia.com/gpu", 0) + cfg.replicas
-        return counts
-    if cfg.mig_strategy == "single":
-        # every MIG device counts as one nvidia.com/gpu (the plugin insists on one layout)
-        total = sum(len(g.mig_instances) or 1 for g in profile.gpus)
-        return {"nvidia.com/gpu": total * cfg.replicas}
-    # HAMi mode advertises its split count of shares per GPU (gpulab device-plugin --hami)
-    shares = DEFAULT_SPLIT_COUNT if cfg.hami and cfg.replicas == 1 else cfg.replicas
-    return {"nvidia.com/gpu": len(profile.gpus) * shares}
+    profile = profiles.load(node.profile)
+    resources = build_resources(
+        inventory.gpu_infos(profile, node.name),
+        plugin_config(node.device_plugin),
+        parse_mig_minors(fakegpu_render.mig_minors(profile)),
+    )
+    return {r.name: len(r.devices) for r in resources}
 
 
-def start(cluster: LocalCluster, progress: Progress) -> None:
-    """Start plugin + node agent per GPU node and wait until nodes advertise the devices."""
-    root = fake_gpu_root(cluster.dir)
-    gpu_nodes = [n for n in cluster.spec.nodes if n.profile]
-    for node in gpu_nodes:
-        sockets = socket_dir(cluster.dir, node.name)
-        sockets.mkdir(parents=True, exist_ok=True)
-        cfg = node.device_plugin
-        cluster.start_process(
-            f"node-agent-{node.name}",
-            [
-                *GPULAB,
-                "node-agent",
-                "--node-name",
-                node.name,
-                "--socket-dir",
-                str(sockets),
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-            ],
+# ---------------------------------------------------------------- deploy
+
+
+def start(backend: Backend, progress: Progress) -> None:
+    """Deploy the DaemonSet and wait until every node with it advertises its devices."""
+    nodes = [n for n in backend.spec.nodes if n.profile and not n.device_plugin.hami]
+    extra = extra_configs(nodes)
+    if extra:
+        # server-side apply under its own field manager: re-applying the shipped
+        # ConfigMap keeps these keys (each key of `data` has its own owner)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP, "namespace": SYSTEM_NAMESPACE},
+            "data": extra,
+        }
+        client.CoreV1Api(backend.api()).patch_namespaced_config_map(
+            CONFIGMAP,
+            SYSTEM_NAMESPACE,
+            body,
+            field_manager=f"{FIELD_MANAGER}-spec",
+            force=True,
+            _content_type="application/apply-patch+yaml",
         )
-        cluster.start_process(
-            f"device-plugin-{node.name}",
-            [
-                *GPULAB,
-                "device-plugin",
-                "--node-name",
-                node.name,
-                "--socket-dir",
-                str(sockets),
-                "--mig-strategy",
-                cfg.mig_strategy,
-                "--replicas",
-                str(cfg.replicas),
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                *(["--hami"] if cfg.hami else []),
-            ],
-            env=shim_env(node.name, node.profile, root),
-        )
-    progress(f"started a device plugin and node agent on {len(gpu_nodes)} GPU nodes")
-    apply(cluster.api(), [MANIFESTS / "device-plugin"], progress, cluster.apply_transform())
-    _wait_advertised(cluster, gpu_nodes, progress)
+    backend.apply([MANIFESTS / "device-plugin"], progress)
+    wait_advertised(backend, nodes, progress)
 
 
-def _wait_advertised(cluster: LocalCluster, nodes: list[NodeSpec], progress: Progress) -> None:
-    core = client.CoreV1Api(cluster.api())
-    want = {n.name: expected_resources(n) for n in nodes}
-    deadline = time.monotonic() + 90
-    pending = dict(want)
-    while pending and time.monotonic() < deadline:
-        cluster.check_alive()
+def wait_advertised(
+    backend: Backend, nodes: list[NodeSpec], progress: Progress, component: str = COMPONENT
+) -> None:
+    """Until every node's allocatable is what its plugin reports (ListAndWatch → kubelet)."""
+    core = client.CoreV1Api(backend.api())
+    pending = {n.name: expected_resources(n) for n in nodes}
+    progress(f"{component} DaemonSet applied; waiting for {len(nodes)} nodes to advertise GPUs")
+
+    def advertised() -> bool:
         for name, resources in list(pending.items()):
             alloc = core.read_node(name).status.allocatable or {}
             if all(alloc.get(r) == str(v) for r, v in resources.items()):
                 del pending[name]
-        if pending:
-            time.sleep(0.2)
-    if pending:
+        return not pending
+
+    try:
+        wait_for(advertised, ADVERTISE_TIMEOUT, "the nodes to advertise their GPUs", 0.25)
+    except WaitTimeout:
         name = next(iter(pending))
+        pods = backend.component_pods(component, name)
+        state = _pod_state(pods[0]) if pods else "no device-plugin pod on it"
         raise HarnessError(
-            f"node {name} does not advertise {pending[name]} after 90s; see "
-            f"{cluster.dir / 'logs' / f'device-plugin-{name}.log'} and node-agent-{name}.log"
-        )
+            f"node {name} does not advertise {pending[name]} after {ADVERTISE_TIMEOUT:g}s "
+            f"({state}); see `gpulab kubectl -n {SYSTEM_NAMESPACE} logs "
+            f"-l app.kubernetes.io/name={component} --all-containers`"
+        ) from None
     progress(f"device plugins registered: {len(nodes)} nodes advertise their GPUs")
+
+
+def _pod_state(pod: client.V1Pod) -> str:
+    statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
+    for s in statuses:
+        waiting = s.state.waiting if s.state else None
+        if waiting is not None and waiting.reason not in (None, "PodInitializing"):
+            return f"pod {pod.metadata.name}: {s.name} {waiting.reason} {waiting.message or ''}"
+    return f"pod {pod.metadata.name} is {pod.status.phase}"

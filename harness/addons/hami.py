@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from harness import binaries
-from harness.addons.device_plugin import GPULAB
+from harness.addons import device_plugin
 from harness.apply import MANIFESTS, apply, load_documents
+from harness.local import GPULAB
 from harness.ports import free_port
 
 if TYPE_CHECKING:
@@ -50,7 +51,16 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
         ports=[scheduler_port],
     )
     cluster.wait_http(f"https://127.0.0.1:{scheduler_port}/healthz", SCHEDULER_NAME, verify=False)
-    apply(cluster.api(), [MANIFESTS / "hami"], progress, cluster.apply_transform())
+    apply(
+        cluster.api(),
+        [MANIFESTS / "hami"],
+        progress,
+        cluster.apply_transform(dry_run_workloads=True),
+    )
+    # HAMi's device plugin runs as pods already (the extender and its scheduler not yet)
+    cluster.apply([MANIFESTS / "hami" / "device-plugin.yaml"], progress)
+    hami_nodes = [n for n in cluster.spec.nodes if n.profile and n.device_plugin.hami]
+    device_plugin.wait_advertised(cluster, hami_nodes, progress, "hami-device-plugin")
     progress(
         f"hami: extender on 127.0.0.1:{port} (metrics :{metrics_port}), kube-scheduler "
         f"{SCHEDULER_NAME!r} on :{scheduler_port}, webhook registered"

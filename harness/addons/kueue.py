@@ -16,10 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.addons.device_plugin import GPULAB
 from harness.apply import MANIFESTS, apply, load_documents
 from harness.errors import HarnessError
-from harness.local import ProcessRecord, pid_alive
+from harness.local import GPULAB, ProcessRecord, pid_alive
 from harness.ports import free_port
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ def start(cluster: LocalCluster, progress: Progress) -> None:
     cluster.issue_serving_cert(CERT_STEM, SERVICE)
     webhook_port, metrics_port = free_port(), free_port()
     start_controller(cluster, webhook_port, metrics_port)
-    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform())
+    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform(dry_run_workloads=True))
     progress(
         f"kueue: controller on 127.0.0.1:{webhook_port} (webhooks), "
         f"127.0.0.1:{metrics_port} (metrics); CRDs and webhooks registered"

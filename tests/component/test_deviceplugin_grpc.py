@@ -3,7 +3,7 @@
 Each test starts ``gpulab device-plugin`` against the fake-gpu NVML shim on a temp socket
 dir, serves kubelet's Registration service on ``kubelet.sock`` itself, and talks to the
 plugin's socket like kubelet's device manager does. Faults go in through the real
-``gpulab fake-gpu inject`` CLI.
+``gpulab fake-gpu inject`` CLI. The shim is built first; a missing shim fails the tests.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -23,15 +22,18 @@ import pytest
 
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
 from gpulab.fakegpu.nvml import shim_env
-from gpulab.fakegpu.paths import SHIM_LIB
-from gpulab.fakegpu.profiles import gpu_uuid, load
+from gpulab.fakegpu.paths import SHIM_DIR, SHIM_LIB
+from gpulab.fakegpu.profiles import gpu_uuid, load, mig_uuid
 from gpulab.wait import wait_for
 
-pytestmark = pytest.mark.skipif(
-    not SHIM_LIB.exists(), reason="NVML shim not built (make -C fake-gpu)"
-)
-
 NODE = "gpu-node-1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shim() -> Path:
+    subprocess.run(["make", "-s", "-C", str(SHIM_DIR)], check=True)
+    assert SHIM_LIB.is_file(), "the NVML shim did not build"
+    return SHIM_LIB
 
 
 class FakeKubelet(api_pb2_grpc.RegistrationServicer):
@@ -94,6 +96,15 @@ class Watcher:
     def next(self, timeout: float = 10.0) -> dict[str, str]:
         return self.updates.get(timeout=timeout)
 
+    def none_within(self, seconds: float) -> bool:
+        """True if no update arrives for ``seconds`` (a bounded wait on the update that
+        must not come)."""
+        try:
+            self.updates.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        return False
+
     def close(self) -> None:
         self._stream.cancel()
 
@@ -104,11 +115,17 @@ def run_plugin(
 ) -> Iterator[Callable[..., Plugin]]:
     procs: list[subprocess.Popen[str]] = []
 
-    def start(profile: str = "a100-sxm4-40gb-x8", *args: str, env: dict | None = None) -> Plugin:
+    def start(
+        profile: str = "a100-sxm4-40gb-x8", *args: str, env: dict | None = None, config: str = ""
+    ) -> Plugin:
         full_env = {**os.environ, **shim_env(NODE, profile, state_dir)}
         full_env.pop("KUBERNETES_SERVICE_HOST", None)
         full_env.update(env or {})
         log = tmp_path / f"plugin-{len(procs)}.log"
+        if config:
+            path = tmp_path / f"config-{len(procs)}.yaml"
+            path.write_text(config)
+            args = ("--config-file", str(path), *args)
         cmd = [sys.executable, "-m", "gpulab", "device-plugin", "--node-name", NODE,
                "--socket-dir", str(socket_dir), *args]  # fmt: skip
         proc = subprocess.Popen(
@@ -165,12 +182,13 @@ def test_register_sends_the_fields_kubelet_checks(kubelet: FakeKubelet, run_plug
     assert req.options.pre_start_required is False
 
 
-def test_registration_retries_until_kubelet_appears(socket_dir: Path, run_plugin) -> None:
+def test_registration_starts_when_kubelet_appears(socket_dir: Path, run_plugin) -> None:
     plugin = run_plugin()
-    # No kubelet.sock: the plugin must keep running and keep trying.
-    wait_for(lambda: plugin.log.read_text().count("could not register") >= 2, 15, "retries")
+    # No kubelet.sock: the plugin keeps running (upstream: retry in 30 s) ...
+    wait_for(lambda: "Failed to start plugin" in plugin.log.read_text(), 15, "a failed start")
     assert plugin.proc.poll() is None
     assert "kubelet socket" in plugin.log.read_text()
+    # ... and restarts as soon as kubelet.sock is created (main.go's fsnotify watch)
     late = FakeKubelet(socket_dir)
     try:
         assert late.next_request(timeout=10).resource_name == "nvidia.com/gpu"
@@ -184,7 +202,7 @@ def test_reregisters_when_kubelet_socket_is_recreated(
     plugin = run_plugin()
     kubelet.next_request()
     kubelet.stop()  # kubelet restarts: its socket goes away ...
-    time.sleep(0.5)
+    wait_for(lambda: not kubelet.socket.exists(), 5, "kubelet.sock gone")
     again = FakeKubelet(socket_dir)  # ... and comes back
     try:
         req = again.next_request(timeout=10)
@@ -198,6 +216,12 @@ def test_reregisters_when_kubelet_socket_is_recreated(
 
 
 # ---------------------------------------------------------------- ListAndWatch and health
+
+
+def watching(log: Path) -> None:
+    """Wait until the plugin's health check watches NVML events: an Xid from before is
+    never delivered (NVML does not replay past events), as on a real node."""
+    wait_for(lambda: "for Xid critical errors" in log.read_text(), 30, "the health check")
 
 
 def test_list_and_watch_sends_every_gpu_with_its_numa_node(
@@ -215,47 +239,84 @@ def test_list_and_watch_sends_every_gpu_with_its_numa_node(
     watcher.close()
 
 
-def test_xid_marks_the_gpu_unhealthy_within_2s_and_clear_restores_it(
-    kubelet: FakeKubelet, run_plugin, state_dir: Path
+def test_an_xid_makes_the_gpu_unhealthy_for_as_long_as_the_plugin_runs(
+    kubelet: FakeKubelet, run_plugin, state_dir: Path, socket_dir: Path
 ) -> None:
     plugin = run_plugin()
     kubelet.next_request()
     watcher = plugin.watch()
     watcher.next()
+    watching(plugin.log)
     fake_gpu(state_dir, "inject", "--gpu", "3", "--xid", "79")
-    injected = time.monotonic()  # the fault is in the node's fault log from here on
-    update = watcher.next(timeout=5)
-    assert time.monotonic() - injected < 2.0
-    assert update[gpu_uuid(NODE, 3)] == "Unhealthy"
+    update = watcher.next(timeout=10)
     assert [u for u, h in update.items() if h == "Unhealthy"] == [gpu_uuid(NODE, 3)]
-    # kubelet may not hand out an unhealthy GPU
-    with pytest.raises(grpc.RpcError) as err:
-        plugin.stub().Allocate(
-            api_pb2.AllocateRequest(container_requests=[{"devices_ids": [gpu_uuid(NODE, 3)]}])
-        )
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert gpu_uuid(NODE, 3) in err.value.details() and "unhealthy" in err.value.details()
+    # Allocate does not second-guess kubelet: an unhealthy device is still allocatable
+    response = plugin.stub().Allocate(
+        api_pb2.AllocateRequest(container_requests=[{"devices_ids": [gpu_uuid(NODE, 3)]}])
+    )
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid(NODE, 3)
+    # clear changes the fake driver only: no update comes (bounded wait) ...
     fake_gpu(state_dir, "clear", "--gpu", "3")
-    assert watcher.next(timeout=10) == dict.fromkeys(uuids(8), "Healthy")
+    assert watcher.none_within(3.0)
+    # ... while the watch is alive: a new fault is reported (the positive control)
+    fake_gpu(state_dir, "inject", "--gpu", "5", "--xid", "79")
+    later = watcher.next(timeout=5)
+    assert later[gpu_uuid(NODE, 3)] == "Unhealthy" and later[gpu_uuid(NODE, 5)] == "Unhealthy"
     watcher.close()
+    # a restarted plugin gets a fresh NVML event set: NVML does not replay the Xids
+    plugin.proc.terminate()
+    plugin.proc.wait(timeout=10)
+    restarted = run_plugin()
+    kubelet.next_request()
+    fresh = restarted.watch()
+    assert fresh.next() == dict.fromkeys(uuids(8), "Healthy")
+    fresh.close()
 
 
-def test_application_xids_do_not_make_a_gpu_unhealthy(
+def test_application_xids_and_the_ecc_event_itself_are_not_failures(
     kubelet: FakeKubelet, run_plugin, state_dir: Path
 ) -> None:
+    """health.go skips Xids 13, 31, 43, 45, 68, 109 and every non-Xid event; a double-bit
+    ECC error counts through the Xid 48 the driver raises with it."""
     plugin = run_plugin()
     kubelet.next_request()
     watcher = plugin.watch()
     watcher.next()
+    watching(plugin.log)
     fake_gpu(state_dir, "inject", "--gpu", "1", "--xid", "13")
-    fake_gpu(state_dir, "inject", "--gpu", "2", "--ecc-dbe")
-    update = watcher.next(timeout=5)  # the first change is the ECC error, not Xid 13
+    assert watcher.none_within(2.0)
+    fake_gpu(state_dir, "inject", "--gpu", "2", "--ecc-dbe")  # DBE event + Xid 48
+    update = watcher.next(timeout=5)
     assert update[gpu_uuid(NODE, 1)] == "Healthy"
     assert update[gpu_uuid(NODE, 2)] == "Unhealthy"
+    assert "Skipping non-nvmlEventTypeXidCriticalError event: 0x2" in plugin.log.read_text()
     watcher.close()
 
 
-def test_fault_injected_before_start_is_reported_at_start(
+@pytest.mark.parametrize(
+    ("env", "xid", "fails"),
+    [
+        ({"DP_DISABLE_HEALTHCHECKS": "all"}, 79, False),
+        ({"DP_ENABLE_HEALTHCHECKS": "all"}, 13, True),
+    ],
+)
+def test_healthcheck_environment(kubelet, run_plugin, state_dir: Path, env, xid, fails) -> None:
+    plugin = run_plugin(env=env)
+    kubelet.next_request()
+    watcher = plugin.watch()
+    watcher.next()
+    if fails:  # an Xid before the health check watches is never delivered (no replay)
+        watching(plugin.log)
+    fake_gpu(state_dir, "inject", "--gpu", "4", "--xid", str(xid))
+    if fails:
+        assert watcher.next(timeout=5)[gpu_uuid(NODE, 4)] == "Unhealthy"
+    else:
+        assert watcher.none_within(3.0)
+        assert "health checks disabled" in plugin.log.read_text()
+    watcher.close()
+
+
+def test_a_fault_from_before_the_start_is_not_seen(
     kubelet: FakeKubelet, run_plugin, state_dir: Path
 ) -> None:
     shim_env(NODE, "a100-sxm4-40gb-x8", state_dir)  # the node dir must exist to inject
@@ -263,9 +324,7 @@ def test_fault_injected_before_start_is_reported_at_start(
     plugin = run_plugin()
     kubelet.next_request()
     watcher = plugin.watch()
-    wait_for(
-        lambda: watcher.next(timeout=5)[gpu_uuid(NODE, 0)] == "Unhealthy", 10, "GPU 0 Unhealthy"
-    )
+    assert watcher.next() == dict.fromkeys(uuids(8), "Healthy")
     watcher.close()
 
 
@@ -281,11 +340,22 @@ def test_allocate_returns_uuids_and_device_nodes(kubelet: FakeKubelet, run_plugi
     )
     first, second = response.container_responses
     assert first.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
-    assert [d.host_path for d in first.devices] == [
-        "/dev/nvidia0", "/dev/nvidia5", "/dev/nvidiactl", "/dev/nvidia-uvm",
-    ]  # fmt: skip
-    assert all(d.permissions == "rw" and d.container_path == d.host_path for d in first.devices)
+    assert list(first.devices) == []  # --pass-device-specs is off by default
     assert second.envs["NVIDIA_VISIBLE_DEVICES"] == ids[0]
+
+
+def test_pass_device_specs_adds_the_device_nodes(kubelet: FakeKubelet, run_plugin) -> None:
+    plugin = run_plugin("a100-sxm4-40gb-x8", "--pass-device-specs")
+    kubelet.next_request()
+    ids = [gpu_uuid(NODE, 0), gpu_uuid(NODE, 5)]
+    response = plugin.stub().Allocate(
+        api_pb2.AllocateRequest(container_requests=[{"devices_ids": ids}])
+    )
+    specs = response.container_responses[0].devices
+    # the driver's own nodes (/dev/nvidiactl ...) only where they exist on this host
+    gpus = [d.host_path for d in specs if not Path(d.host_path).exists()]
+    assert gpus == ["/dev/nvidia0", "/dev/nvidia5"]
+    assert all(d.permissions == "rw" and d.container_path == d.host_path for d in specs)
 
 
 def test_allocate_rejects_unknown_ids_naming_them(kubelet: FakeKubelet, run_plugin) -> None:
@@ -297,8 +367,12 @@ def test_allocate_rejects_unknown_ids_naming_them(kubelet: FakeKubelet, run_plug
                 container_requests=[{"devices_ids": [gpu_uuid(NODE, 0), "GPU-not-here"]}]
             )
         )
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "GPU-not-here" in err.value.details()
+    # upstream returns a plain Go error: gRPC status Unknown
+    assert err.value.code() == grpc.StatusCode.UNKNOWN
+    assert err.value.details() == (
+        'invalid allocation request for "nvidia.com/gpu": invalid request: unknown device: '
+        "GPU-not-here"
+    )
 
 
 def test_preferred_allocation_keeps_to_one_numa_node(kubelet: FakeKubelet, run_plugin) -> None:
@@ -318,15 +392,29 @@ def test_preferred_allocation_keeps_to_one_numa_node(kubelet: FakeKubelet, run_p
     )
     first, second = plugin.stub().GetPreferredAllocation(request).container_responses
     assert sorted(first.deviceIDs) == sorted(all_ids[4:8])
-    assert second.deviceIDs[0] == all_ids[6] and len(second.deviceIDs) == 2
-    assert second.deviceIDs[1] in all_ids[4:8]  # same NUMA node as the must-include GPU
+    assert all_ids[6] in second.deviceIDs and len(second.deviceIDs) == 2
+    assert set(second.deviceIDs) <= set(all_ids[4:8])  # same NUMA node as the must-include GPU
+
+
+def test_preferred_allocation_follows_nvlink_over_numa(kubelet: FakeKubelet, run_plugin) -> None:
+    # mixed: A100 GPUs 0-1 on an NVLink bridge, T4s 2-3 on the other NUMA node
+    plugin = run_plugin("mixed")
+    kubelet.next_request()
+    request = api_pb2.PreferredAllocationRequest(
+        container_requests=[{"available_deviceIDs": uuids(4), "allocation_size": 2}]
+    )
+    (got,) = plugin.stub().GetPreferredAllocation(request).container_responses
+    assert sorted(got.deviceIDs) == sorted(uuids(2))
 
 
 # ---------------------------------------------------------------- MIG and time-slicing
 
 
+MIXED = "version: v1\nflags:\n  migStrategy: mixed\n"
+
+
 def test_mig_mixed_serves_one_resource_per_profile(kubelet: FakeKubelet, run_plugin) -> None:
-    plugin = run_plugin("a100-80gb-mig-x8", "--mig-strategy", "mixed")
+    plugin = run_plugin("a100-80gb-mig-x8", config=MIXED)
     got = {}
     for _ in range(3):
         req = kubelet.next_request()
@@ -352,22 +440,64 @@ def test_mig_mixed_serves_one_resource_per_profile(kubelet: FakeKubelet, run_plu
     assert not (plugin.socket_dir / "nvidia-gpu.sock").exists()  # every GPU is MIG-enabled
 
 
-def test_time_slicing_replicas_multiply_devices_and_map_back(
-    kubelet: FakeKubelet, run_plugin
-) -> None:
-    plugin = run_plugin("a100-sxm4-40gb-x8", "--replicas", "4")
+def test_mig_allocation_carries_the_nvidia_caps_devices(kubelet: FakeKubelet, run_plugin) -> None:
+    plugin = run_plugin("a100-80gb-mig-x8", "--pass-device-specs", config=MIXED)
+    for _ in range(3):
+        kubelet.next_request()
+    mig = mig_uuid(NODE, 0, 0)  # GPU 0, GPU instance 1, compute instance 0
+    response = plugin.stub("nvidia-mig-3g.40gb.sock").Allocate(
+        api_pb2.AllocateRequest(container_requests=[{"devices_ids": [mig]}])
+    )
+    paths = [d.host_path for d in response.container_responses[0].devices]
+    assert paths[-3:] == [
+        "/dev/nvidia0",
+        "/dev/nvidia-caps/nvidia-cap12",
+        "/dev/nvidia-caps/nvidia-cap13",
+    ]
+
+
+TIME_SLICED = """
+version: v1
+sharing:
+  timeSlicing:
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+def test_time_slicing_from_the_config_file(kubelet: FakeKubelet, run_plugin) -> None:
+    plugin = run_plugin("a100-sxm4-40gb-x8", config=TIME_SLICED)
     kubelet.next_request()
     watcher = plugin.watch()
     devices = watcher.next()
     watcher.close()
-    assert len(devices) == 32
     assert set(devices) == {f"{u}::{n}" for u in uuids(8) for n in range(4)}
-    ids = [f"{gpu_uuid(NODE, 2)}::0", f"{gpu_uuid(NODE, 2)}::3", f"{gpu_uuid(NODE, 7)}::1"]
+    one = [f"{gpu_uuid(NODE, 2)}::3"]
     response = plugin.stub().Allocate(
-        api_pb2.AllocateRequest(container_requests=[{"devices_ids": ids}])
+        api_pb2.AllocateRequest(container_requests=[{"devices_ids": one}])
     )
-    envs = response.container_responses[0].envs
-    assert envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpu_uuid(NODE, 2)},{gpu_uuid(NODE, 7)}"
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid(NODE, 2)
+    # failRequestsGreaterThanOne: one replica per container
+    with pytest.raises(grpc.RpcError) as err:
+        plugin.stub().Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[{"devices_ids": [*one, f"{gpu_uuid(NODE, 7)}::1"]}]
+            )
+        )
+    assert "maximum request size for shared resources is 1; found 2" in err.value.details()
+    # the distributed policy spreads replicas over GPUs
+    request = api_pb2.PreferredAllocationRequest(
+        container_requests=[{"available_deviceIDs": list(devices), "allocation_size": 3}]
+    )
+    (got,) = plugin.stub().GetPreferredAllocation(request).container_responses
+    assert len({i.split("::")[0] for i in got.deviceIDs}) == 3
+
+
+def test_a_mig_strategy_flag_overrides_the_config_file(kubelet: FakeKubelet, run_plugin) -> None:
+    run_plugin("a100-80gb-mig-x8", "--mig-strategy", "none", config=MIXED)
+    assert kubelet.next_request().resource_name == "nvidia.com/gpu"
 
 
 # ---------------------------------------------------------------- bad input
@@ -388,7 +518,7 @@ def test_unknown_mig_strategy_is_a_one_line_error(run_plugin) -> None:
 
 def test_single_strategy_rejects_mixed_mig_layouts(run_plugin) -> None:
     out = _fails(run_plugin("a100-80gb-mig-x8", "--mig-strategy", "single"))
-    assert "mig-strategy single needs one MIG profile" in out
+    assert "more than one MIG device type present on node" in out
     assert "1g.10gb, 2g.20gb, 3g.40gb" in out
 
 

@@ -351,22 +351,123 @@ def test_ignored_xid_and_dbe_are_still_delivered(shim: Path, tmp_path: Path) -> 
     assert all(e["gi"] == 0xFFFFFFFF for e in events)  # GPU-wide on a MIG-enabled GPU
 
 
-def test_active_faults_replay_to_a_restarted_consumer_until_cleared(
+def test_a_fault_is_delivered_once_and_never_replayed_to_a_later_consumer(
     shim: Path, tmp_path: Path
 ) -> None:
+    """nvml.h: "All events that occurred before this call are not recorded." A consumer
+    that registers after a fault (a restarted device plugin) never sees it."""
     env = nvml.shim_env(NODE, "t4-x4", tmp_path)
     ndir = tmp_path / NODE
+    first = start_waiter(env, want=1, seconds=10)
     faults.inject_xid(ndir, 2, 79)
-    faults.inject_xid(ndir, 0, 31)
-    replayed = waiter_events(start_waiter(env, want=2, seconds=3))
-    assert sorted((e["gpu"], e["data"]) for e in replayed) == [(0, 31), (2, 79)]
-
-    faults.clear(ndir, 2)
-    replayed = waiter_events(start_waiter(env, want=2, seconds=1))
-    assert [(e["gpu"], e["data"]) for e in replayed] == [(0, 31)]
-
+    assert [(e["gpu"], e["data"]) for e in waiter_events(first)] == [(2, 79)]
+    # A consumer started after the fault waits for two events: the old one must not come
+    # (bounded by its 3 s), the new one must (the positive control).
+    later = start_waiter(env, want=2, seconds=3)
+    faults.inject_xid(ndir, 1, 31)
+    assert [(e["gpu"], e["data"]) for e in waiter_events(later)] == [(1, 31)]
+    # `clear` changes the shim's fault state only; it sends no event either
+    assert faults.active(ndir)
     faults.clear(ndir)
-    assert waiter_events(start_waiter(env, want=1, seconds=1)) == []
+    assert faults.active(ndir) == {}
+
+
+def test_events_on_a_gpu_without_mig_name_no_instance(shim: Path, tmp_path: Path) -> None:
+    env = nvml.shim_env(NODE, "t4-x4", tmp_path)
+    waiter = start_waiter(env, want=1, seconds=10)
+    faults.inject_xid(tmp_path / NODE, 0, 79)
+    (event,) = waiter_events(waiter)
+    assert event["gi"] == 0xFFFFFFFF  # nvml.h: not attributable to a MIG instance
+
+
+NVLINK_COUNTS = """
+    import json, pynvml as N
+    N.nvmlInit()
+    handles = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]
+    bus = [N.nvmlDeviceGetPciInfo(h).busId for h in handles]
+    links = []
+    for h in handles:  # what go-gpuallocator's GetNVLink counts: remote PCI bus per link
+        row = [0] * len(handles)
+        for link in range(N.NVML_NVLINK_MAX_LINKS):
+            try:
+                if N.nvmlDeviceGetNvLinkState(h, link) != N.NVML_FEATURE_ENABLED:
+                    continue
+                row[bus.index(N.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)] += 1
+            except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+                continue
+        links.append(row)
+    print(json.dumps(links))
+"""
+
+
+@pytest.mark.parametrize("name", ["a100-sxm4-40gb-x8", "h100-80gb-x8", "mixed", "t4-x4"])
+def test_nvlink_counts_are_the_same_from_both_ends(shim: Path, tmp_path: Path, name: str) -> None:
+    links = probe(NVLINK_COUNTS, nvml.shim_env(NODE, name, tmp_path))
+    profile = profiles.load(name)
+    for a in profile.gpus:
+        for b in profile.gpus:
+            assert links[a.index][b.index] == links[b.index][a.index]
+            assert (links[a.index][b.index] > 0) == (b.index in a.nvlink_peers)
+    if name == "a100-sxm4-40gb-x8":  # 12 links over 7 peers: one per pair, evenly
+        assert {links[a][b] for a in range(8) for b in range(8) if a != b} == {1}
+    if name == "mixed":  # an NVLink bridge: all 12 links of the pair
+        assert links[0][1] == 12
+
+
+MIG_PROFILE_WALK = """
+    import json, pynvml as N
+    # go-nvlib v0.12.0 device.(*migdevice).GetProfile, step by step
+    N.nvmlInit()
+    out = []
+    parent = N.nvmlDeviceGetHandleByIndex(0)
+    total = N.nvmlDeviceGetMemoryInfo(parent).total
+    for j in range(N.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            mig = N.nvmlDeviceGetMigDeviceHandleByIndex(parent, j)
+        except N.NVMLError_NotFound:
+            continue
+        attrs = N.nvmlDeviceGetAttributes(mig)
+        gi = N.nvmlDeviceGetGpuInstanceById(parent, N.nvmlDeviceGetGpuInstanceId(mig))
+        ci = N.nvmlGpuInstanceGetComputeInstanceById(gi, N.nvmlDeviceGetComputeInstanceId(mig))
+        gi_info, ci_info = N.nvmlGpuInstanceGetInfo(gi), N.nvmlComputeInstanceGetInfo(ci)
+        found = None
+        for i in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                gp = N.nvmlDeviceGetGpuInstanceProfileInfo(parent, i, version=1)
+            except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+                continue
+            if gp.id != gi_info.profileId:
+                continue
+            for c in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+                for v in (1, 2):
+                    try:
+                        cp = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, c, 0, version=v)
+                    except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+                        continue
+                    if cp.id == ci_info.profileId and found is None:
+                        found = [i, c, cp.sliceCount, gp.sliceCount, attrs.memorySizeMB]
+        out.append({"found": found, "ci_parent_gi": N.nvmlGpuInstanceGetInfo(
+            ci_info.gpuInstance).id, "gi": gi_info.id, "ci": ci_info.id,
+            "placement": [ci_info.placement.start, ci_info.placement.size]})
+    print(json.dumps({"total": total, "migs": out}))
+"""
+
+
+def test_go_nvlib_mig_profile_lookup_works(shim: Path, tmp_path: Path) -> None:
+    from gpulab.deviceplugin.rm import mig_profile_name
+
+    got = probe(MIG_PROFILE_WALK, nvml.shim_env(NODE, "a100-80gb-mig-x8", tmp_path))
+    gpu = profiles.load("a100-80gb-mig-x8").gpus[0]
+    names = []
+    for j, (mp, m) in enumerate(zip(gpu.mig_instances, got["migs"], strict=True)):
+        assert m["found"] is not None, f"no CI profile matches MIG device {j}"
+        gi_enum, _ci_enum, c, g, mem = m["found"]
+        assert gi_enum == render.gi_profile_ids(gpu.model, mp)[0]
+        assert (m["gi"], m["ci"], m["ci_parent_gi"]) == (j + 1, 0, j + 1)
+        assert m["placement"] == [0, mp.slices]
+        assert c == g == mp.slices  # a full-size CI: go-nvlib names it "<g>g.<mem>gb"
+        names.append(mig_profile_name(g, mem, got["total"] >> 20))
+    assert names == [mp.name for mp in gpu.mig_instances]
 
 
 def test_nodes_on_one_machine_have_separate_fault_state(shim: Path, tmp_path: Path) -> None:
@@ -505,3 +606,296 @@ def test_a_symbol_the_shim_lacks_is_function_not_found_in_pynvml(
         nvml.shim_env(NODE, "t4-x1", tmp_path),
     )
     assert got == 13  # NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+# --------------------------------------------------------------------------- changing MIG
+# The calls mig-parted makes (nvmlDeviceSetMigMode → nvmlDeviceCreateGpuInstance →
+# nvmlGpuInstanceCreateComputeInstance, and the destroy calls), made by pynvml, one
+# subprocess per step: what one process changes, the next must see, because the change
+# persists in the node's MIG state file.
+
+A100_40 = "a100-sxm4-40gb-x8"
+A100_80_MIG = "a100-80gb-mig-x8"
+IN_USE, INSUFFICIENT_RESOURCES, NOT_SUPPORTED, INVALID_ARGUMENT = 19, 23, 3, 2
+# GI profile IDs as nvidia-smi shows them on a 40 GB A100 (NVML enum in brackets)
+GI_1G_5GB, GI_1G_10GB, GI_3G_20GB, GI_2G_10GB = 19, 15, 9, 14  # [0], [9], [2], [1]
+
+HELPERS = """
+    import ctypes, json, pynvml as N
+
+    def err(fn, *a):
+        try:
+            fn(*a)
+            return None
+        except N.NVMLError as e:
+            return e.value
+
+    def gi_info(h, gi_id):
+        for e in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = N.nvmlDeviceGetGpuInstanceProfileInfo(h, e)
+            except N.NVMLError:
+                continue
+            if info.id == gi_id:
+                return info
+        raise AssertionError(gi_id)
+
+    def instances(h, gi_id):
+        arr = (N.c_nvmlGpuInstance_t * 8)()
+        n = ctypes.c_uint()
+        N.nvmlDeviceGetGpuInstances(h, gi_id, arr, ctypes.byref(n))
+        return [arr[i] for i in range(n.value)]
+
+    def migs(h):
+        out = []
+        for j in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except N.NVMLError_NotFound:
+                continue
+            out.append({"uuid": N.nvmlDeviceGetUUID(m), "name": N.nvmlDeviceGetName(m),
+                        "gi": N.nvmlDeviceGetGpuInstanceId(m),
+                        "ci": N.nvmlDeviceGetComputeInstanceId(m),
+                        "mem_mib": N.nvmlDeviceGetMemoryInfo(m).total // 2**20})
+        return out
+
+    N.nvmlInit()
+    gpu = N.nvmlDeviceGetHandleByIndex(0)
+"""
+
+
+def step(code: str, env: dict[str, str]) -> dict:
+    return probe(textwrap.dedent(HELPERS) + textwrap.dedent(code), env)  # type: ignore[return-value]
+
+
+@pytest.fixture
+def a100(shim: Path, tmp_path: Path) -> dict[str, str]:
+    return nvml.shim_env(NODE, A100_40, tmp_path)
+
+
+def test_mig_manager_sequence_repartitions_a_gpu_and_the_next_process_sees_it(
+    a100: dict[str, str], tmp_path: Path
+) -> None:
+    # 1. enable MIG mode on GPU 0 (MIG off in the profile)
+    got = step(
+        """
+        before = N.nvmlDeviceGetMigMode(gpu)
+        status = N.nvmlDeviceSetMigMode(gpu, N.NVML_DEVICE_MIG_ENABLE)
+        print(json.dumps({"before": before, "status": status,
+                          "after": N.nvmlDeviceGetMigMode(gpu)}))
+        """,
+        a100,
+    )
+    assert got == {"before": [0, 0], "status": 0, "after": [1, 1]}
+
+    # 2. a new process: MIG mode stayed on; four 1g.10gb GPU instances, a fifth does not fit
+    got = step(
+        f"""
+        out = {{"mode": N.nvmlDeviceGetMigMode(gpu), "migs_before": len(migs(gpu))}}
+        info = gi_info(gpu, {GI_1G_10GB})
+        gis = [N.nvmlDeviceCreateGpuInstance(gpu, info.id) for _ in range(4)]
+        out["fifth"] = err(N.nvmlDeviceCreateGpuInstance, gpu, info.id)
+        out["remaining"] = N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, info.id)
+        out["remaining_1g5"] = N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, {GI_1G_5GB})
+        out["migs_without_ci"] = len(migs(gpu))
+        for gi in gis:
+            ci_info = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+                N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            N.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+        out["second_ci"] = err(N.nvmlGpuInstanceCreateComputeInstance, gis[0], 0)
+        out["listed"] = len(instances(gpu, info.id))
+        out["placements"] = [[N.nvmlGpuInstanceGetInfo(gi).placement.start,
+                              N.nvmlGpuInstanceGetInfo(gi).placement.size] for gi in gis]
+        out["migs"] = migs(gpu)
+        print(json.dumps(out))
+        """,
+        a100,
+    )
+    assert got["mode"] == [1, 1] and got["migs_before"] == 0
+    assert got["fifth"] == INSUFFICIENT_RESOURCES
+    assert got["remaining"] == 0 and got["remaining_1g5"] == 0  # memory slices all taken
+    assert got["migs_without_ci"] == 0  # a GPU instance without its CI is no MIG device
+    assert got["second_ci"] == INSUFFICIENT_RESOURCES
+    assert got["listed"] == 4
+    assert got["placements"] == [[0, 2], [2, 2], [4, 2], [6, 2]]
+    created = got["migs"]
+    assert [m["gi"] for m in created] == [1, 2, 3, 4]
+    assert {m["ci"] for m in created} == {0}
+    assert {m["name"] for m in created} == {"NVIDIA A100-SXM4-40GB MIG 1g.10gb"}
+    assert {m["mem_mib"] for m in created} == {9856}
+    assert len({m["uuid"] for m in created}) == 4
+    assert all(m["uuid"].startswith("MIG-") for m in created)
+
+    # 3. a new process (a restarted device plugin) sees the same four MIG devices
+    got = step(
+        """
+        print(json.dumps({"migs": migs(gpu), "other_gpu": N.nvmlDeviceGetMigMode(
+            N.nvmlDeviceGetHandleByIndex(1))}))
+        """,
+        a100,
+    )
+    assert got["migs"] == created
+    assert got["other_gpu"] == [0, 0]  # only GPU 0 changed
+    state = (tmp_path / NODE / paths.MIG_STATE_NAME).read_text()
+    assert "gpu.0.mig_mode=1" in state and "gpu.0.mig_count=4" in state
+
+    # 4. tear down as mig-parted's ClearMigConfig does, then disable MIG mode
+    got = step(
+        f"""
+        out = {{"mode_while_in_use": err(N.nvmlDeviceSetMigMode, gpu, 0)}}
+        gis = instances(gpu, {GI_1G_10GB})
+        out["gi_in_use"] = err(N.nvmlGpuInstanceDestroy, gis[0])
+        for gi in gis:
+            arr = (N.c_nvmlComputeInstance_t * 1)()
+            n = ctypes.c_uint()
+            N.nvmlGpuInstanceGetComputeInstances(gi, 0, arr, ctypes.byref(n))
+            for i in range(n.value):
+                N.nvmlComputeInstanceDestroy(arr[i])
+            N.nvmlGpuInstanceDestroy(gi)
+        out["stale_handle"] = err(N.nvmlGpuInstanceGetInfo, gis[0])
+        out["mode"] = N.nvmlDeviceSetMigMode(gpu, 0)
+        print(json.dumps(out))
+        """,
+        a100,
+    )
+    assert got == {
+        "mode_while_in_use": IN_USE,
+        "gi_in_use": IN_USE,
+        "stale_handle": INVALID_ARGUMENT,
+        "mode": 0,
+    }
+    got = step("print(json.dumps([N.nvmlDeviceGetMigMode(gpu), len(migs(gpu))]))", a100)
+    assert got == [[0, 0], 0]
+
+
+def test_placement_follows_memory_slices(a100: dict[str, str]) -> None:
+    got = step(
+        f"""
+        N.nvmlDeviceSetMigMode(gpu, 1)
+        out = {{}}
+        two = [N.nvmlDeviceCreateGpuInstance(gpu, {GI_3G_20GB}) for _ in range(2)]
+        out["1g5_after_two_3g"] = err(N.nvmlDeviceCreateGpuInstance, gpu, {GI_1G_5GB})
+        N.nvmlGpuInstanceDestroy(two[1])
+        N.nvmlDeviceCreateGpuInstance(gpu, {GI_2G_10GB})
+        out["1g5_fits"] = [err(N.nvmlDeviceCreateGpuInstance, gpu, {GI_1G_5GB}) for _ in range(2)]
+        out["full"] = err(N.nvmlDeviceCreateGpuInstance, gpu, {GI_1G_5GB})
+        out["unknown_profile"] = err(N.nvmlDeviceCreateGpuInstance, gpu, 12345)
+        print(json.dumps(out))
+        """,
+        a100,
+    )
+    # 3g.20gb takes 4 of the 8 memory slices: two leave no room for a 1g.5gb, as on a
+    # real A100-40GB; 3g.20gb + 2g.10gb + 2x 1g.5gb is a documented layout filling it
+    assert got == {
+        "1g5_after_two_3g": INSUFFICIENT_RESOURCES,
+        "1g5_fits": [None, None],
+        "full": INSUFFICIENT_RESOURCES,
+        "unknown_profile": INVALID_ARGUMENT,
+    }
+
+
+def test_mig_calls_need_mig_mode_and_a_mig_capable_gpu(shim: Path, tmp_path: Path) -> None:
+    got = step(
+        f"""
+        out = {{"create_mig_off": err(N.nvmlDeviceCreateGpuInstance, gpu, {GI_1G_5GB})}}
+        N.nvmlDeviceSetMigMode(gpu, 1)
+        gi = N.nvmlDeviceCreateGpuInstance(gpu, {GI_3G_20GB})
+        out["smaller_ci"] = err(N.nvmlGpuInstanceCreateComputeInstance, gi, 0)
+        print(json.dumps(out))
+        """,
+        nvml.shim_env(NODE, A100_40, tmp_path),
+    )
+    # the lab's compute instances are full-size only (one per GPU instance)
+    assert got == {"create_mig_off": NOT_SUPPORTED, "smaller_ci": NOT_SUPPORTED}
+    got = step(
+        "print(json.dumps(err(N.nvmlDeviceSetMigMode, gpu, 1)))",
+        nvml.shim_env("t4-node", "t4-x1", tmp_path),
+    )
+    assert got == NOT_SUPPORTED
+
+
+def test_a_profile_layout_can_be_replaced(shim: Path, tmp_path: Path) -> None:
+    """GPU 0 of the A100-80GB profile starts with 3g.40gb+2g.20gb+1g.10gb+1g.10gb."""
+    env = nvml.shim_env(NODE, A100_80_MIG, tmp_path)
+    got = step(
+        """
+        before = [m["name"].split()[-1] for m in migs(gpu)]
+        for j in range(7):
+            try:
+                m = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+            except N.NVMLError_NotFound:
+                break
+            gi = N.nvmlDeviceGetGpuInstanceById(gpu, N.nvmlDeviceGetGpuInstanceId(m))
+            N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+            N.nvmlGpuInstanceDestroy(gi)
+        for _ in range(7):
+            gi = N.nvmlDeviceCreateGpuInstance(gpu, 19)
+            N.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+        print(json.dumps({"before": before, "after": [m["name"].split()[-1] for m in migs(gpu)]}))
+        """,
+        env,
+    )
+    assert got["before"] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert got["after"] == ["1g.10gb"] * 7
+    # re-rendering the profile (a restarted driver pod) keeps the MIG state: it is a file
+    # of its own next to the config
+    nvml.shim_env(NODE, A100_80_MIG, tmp_path)
+    got = step('print(json.dumps([m["name"].split()[-1] for m in migs(gpu)]))', env)
+    assert got == ["1g.10gb"] * 7
+
+
+def test_a_broken_state_file_fails_init_with_its_name(a100: dict[str, str], tmp_path: Path) -> None:
+    state = tmp_path / NODE / paths.MIG_STATE_NAME
+    state.write_text("version=1\ngpu.0.mig_mode=1\ngpu.0.mig_count=1\ngpu.0.mig.0=MIG-x,99,1,0\n")
+    proc = run_python("import pynvml; pynvml.nvmlInit()", a100)
+    assert proc.returncode != 0
+    assert "NVML_ERROR_UNKNOWN" in proc.stderr or "Unknown Error" in proc.stderr
+    assert f"{state}: line 4: bad or unknown entry 'gpu.0.mig.0'" in proc.stderr
+
+
+def test_state_file_is_replaced_atomically(a100: dict[str, str], tmp_path: Path) -> None:
+    step("N.nvmlDeviceSetMigMode(gpu, 1)\nprint(json.dumps(0))", a100)
+    node_dir = tmp_path / NODE
+    leftovers = [p.name for p in node_dir.iterdir() if p.name.startswith("mig-state.")]
+    assert leftovers == []
+    lines = (node_dir / paths.MIG_STATE_NAME).read_text().splitlines()
+    assert "version=1" in lines
+    # every MIG-capable GPU is written, so the file is the whole truth
+    assert sum(line.endswith("mig_mode=0") for line in lines) == 7
+
+
+def test_pynvml_sees_no_mig_device_after_a_ci_is_destroyed(a100: dict[str, str]) -> None:
+    got = step(
+        f"""
+        N.nvmlDeviceSetMigMode(gpu, 1)
+        gi = N.nvmlDeviceCreateGpuInstance(gpu, {GI_1G_5GB})
+        ci = N.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+        uuid = migs(gpu)[0]["uuid"]
+        N.nvmlComputeInstanceDestroy(ci)
+        print(json.dumps({{"migs": len(migs(gpu)),
+                          "by_uuid": err(N.nvmlDeviceGetHandleByUUID, uuid),
+                          "gi_left": len(instances(gpu, {GI_1G_5GB}))}}))
+        """,
+        a100,
+    )
+    assert got == {"migs": 0, "by_uuid": 6, "gi_left": 1}  # 6: NOT_FOUND
+
+
+def test_nvidia_smi_lists_the_new_layout(a100: dict[str, str]) -> None:
+    step(
+        f"""
+        N.nvmlDeviceSetMigMode(gpu, 1)
+        for _ in range(2):
+            N.nvmlGpuInstanceCreateComputeInstance(
+                N.nvmlDeviceCreateGpuInstance(gpu, {GI_3G_20GB}), 2)
+        print(json.dumps(0))
+        """,
+        a100,
+    )
+    smi = Path(sys.executable).parent / "fake-nvidia-smi"
+    out = subprocess.run(
+        [str(smi), "-L"], env={**os.environ, **a100}, capture_output=True, text=True, check=False
+    )
+    lines = [line for line in out.stdout.splitlines() if "MIG 3g.20gb" in line]
+    assert len(lines) == 2, out.stdout + out.stderr

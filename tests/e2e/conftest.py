@@ -1,7 +1,11 @@
-"""e2e fixtures: one local-backend cluster (harness/clusters/e2e.yaml) for the session.
+"""e2e fixtures: one lab cluster (harness/clusters/e2e.yaml) for the session, through the
+lab's pytest-kubernetes cluster manager (harness/pytest_plugin.py).
 
 Every test in this directory is marked `e2e`; `make test` runs them after the unit and
-component tests, against real kube-apiserver / controller-manager / scheduler and kwok.
+component tests, on the local backend: real kube-apiserver / controller-manager /
+scheduler and kwok. `--gpulab-backend kind` runs them on kind, `--k8s-kubeconfig-override
+PATH` (or `--gpulab-kubeconfig PATH`) on an existing cluster brought up from the e2e spec;
+tests marked `local_backend` (host processes, fault files) are skipped there.
 """
 
 from __future__ import annotations
@@ -9,15 +13,22 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
-from gpulab.kube import api_client
-from harness.local import LocalCluster
-from harness.spec import ClusterSpec, load
+from harness.pytest_plugin import GpulabManager, LabOptions, lab_cluster, lab_options
+
+# What the tests' `cluster` is: spec, api, kubeconfig, local (the LocalCluster) and the
+# k8s fixture's kubectl()/apply()/wait()/logs().
+Cluster = GpulabManager
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The suite's default is the verified local backend, even where Docker answers.
+    if config.getoption("gpulab_backend") is None:
+        config.option.gpulab_backend = "local"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -27,25 +38,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-@dataclass
-class Cluster:
-    spec: ClusterSpec
-    local: LocalCluster
-    kubeconfig: Path
-    api: client.ApiClient
-
-
 @contextlib.contextmanager
-def running_cluster(spec_name: str) -> Iterator[Cluster]:
-    """A local-backend cluster from harness/clusters/<spec_name>.yaml, up for the block."""
-    spec = load(spec_name)
-    local = LocalCluster(spec)
-    local.down(print)  # a cluster left over from an interrupted run
-    local.up(print)
-    try:
-        yield Cluster(spec, local, local.kubeconfig, api_client(local.kubeconfig))
-    finally:
-        local.down(print)
+def running_cluster(spec_name: str, options: LabOptions | None = None) -> Iterator[Cluster]:
+    """A fresh lab cluster from harness/clusters/<spec_name>.yaml, up for the block (a
+    cluster left over from an interrupted run is replaced). Without ``options``: the
+    local backend."""
+    options = options or LabOptions(backend="local")
+    with lab_cluster(options, spec_name) as c:
+        yield c
 
 
 @contextlib.contextmanager
@@ -67,8 +67,8 @@ def fresh_namespace(api: client.ApiClient, prefix: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    with running_cluster("e2e") as c:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    with running_cluster("e2e", lab_options(request.config)) as c:
         yield c
 
 

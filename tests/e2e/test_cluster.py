@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 
 import httpx
 import pytest
@@ -13,10 +14,11 @@ from demos.cluster import gpu_job, gpu_pod_spec
 from gpulab.fakegpu import profiles
 from gpulab.trace import ObjectRef, Tracer, follow
 from gpulab.wait import wait_for
-from harness.apply import LocalTransform, apply
+from harness.apply import apply
 from harness.errors import HarnessError
 
 
+@pytest.mark.local_backend
 def test_api_server_reports_the_pinned_version(cluster) -> None:
     version = httpx.get(
         f"{cluster.local.server}/version", verify=cluster.local.admin_ssl_context()
@@ -103,16 +105,18 @@ def test_tracer_events_are_read_back_by_the_live_reader(cluster, namespace) -> N
     ref = ObjectRef("ConfigMap", "probe", namespace)
     tracer.step("Reconcile", ref, "reconciled the probe", generation=1)
     tracer.flush()
-    seen = list(follow(cluster.api, namespace, timeout_seconds=1))
-    steps = [(e.component, e.step, e.regarding, e.note) for e in seen]
-    assert (
-        "e2e-probe",
-        "Reconcile",
-        f"ConfigMap {namespace}/probe",
-        "reconciled the probe",
-    ) in steps
+    want = ("e2e-probe", "Reconcile", f"ConfigMap {namespace}/probe", "reconciled the probe")
+    stop = threading.Event()
+    threading.Timer(30, stop.set).start()  # the listing has it already; this bounds a failure
+    for ev in follow(cluster.api, namespace, stop):
+        if (ev.component, ev.step, ev.regarding, ev.note) == want:
+            break
+    else:
+        raise AssertionError("the Event never arrived")
+    stop.set()
 
 
+@pytest.mark.local_backend
 def test_apply_validates_against_the_real_api_server(cluster, namespace, tmp_path) -> None:
     (tmp_path / "ok.yaml").write_text(
         f"""
@@ -131,7 +135,7 @@ spec:
     spec: {{containers: [{{name: c, image: gpulab:dev}}]}}
 """
     )
-    transform = LocalTransform(b"")
+    transform = cluster.local.apply_transform(dry_run_workloads=True)
     applied = apply(cluster.api, [tmp_path / "ok.yaml"], lambda _m: None, transform)
     assert [(a.kind, a.dry_run) for a in applied] == [("ConfigMap", False), ("DaemonSet", True)]
     core, apps = client.CoreV1Api(cluster.api), client.AppsV1Api(cluster.api)
@@ -152,6 +156,7 @@ spec: {{selector: {{matchLabels: {{app: a}}}}, template: {{metadata: {{labels: {
         apply(cluster.api, [tmp_path / "bad.yaml"], lambda _m: None, transform)
 
 
+@pytest.mark.local_backend
 def test_cluster_demo_passes_against_this_cluster(cluster) -> None:
     from demos import cluster as demo
 

@@ -1,24 +1,33 @@
 """Device plugin + node agent on the local backend: what kubelet's device manager sees.
 
 The e2e cluster runs the `device-plugin` addon: per GPU node a real `gpulab device-plugin`
-(reading the fake-gpu shim through pynvml) registered over gRPC with a `gpulab node-agent`
-(kubelet's device manager), which advertises capacity and calls Allocate on binding.
+(reading the fake-gpu shim through pynvml, configured by the named config its node label
+selects) registered over gRPC with a `gpulab node-agent` (kubelet's device manager), which
+advertises capacity and calls Allocate on binding.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
+import pytest
 from kubernetes import client
 
 from demos.cluster import gpu_pod_spec
 from gpulab.fakegpu import faults, profiles
-from gpulab.wait import wait_for
-from harness.addons.device_plugin import fake_gpu_root
+from gpulab.wait import WaitTimeout, wait_for
+from harness.addons.device_plugin import COMPONENT
+from harness.local import LocalCluster
+from harness.spec import load
 
 
 def _allocatable(cluster, node: str) -> dict[str, str]:
     return client.CoreV1Api(cluster.api).read_node(node).status.allocatable
+
+
+def _gpus(cluster, node: str) -> str:
+    return _allocatable(cluster, node).get("nvidia.com/gpu", "0")
 
 
 def _allocation(core: client.CoreV1Api, name: str, ns: str) -> dict | None:
@@ -34,7 +43,30 @@ def _pod_on(node: str, name: str, resources: dict[str, str]) -> client.V1Pod:
     return client.V1Pod(metadata=client.V1ObjectMeta(name=name), spec=spec)
 
 
-def test_allocatable_is_what_the_plugins_advertise(cluster) -> None:
+def watching(cluster, node: str) -> None:
+    """Until the node's plugin watches NVML events (an Xid from before is never delivered:
+    NVML does not replay past events)."""
+    core = client.CoreV1Api(cluster.api)
+
+    def health_check_runs() -> bool:
+        (pod,) = cluster.local.component_pods(COMPONENT, node)
+        logs = core.read_namespaced_pod_log(
+            pod.metadata.name, "gpulab-system", container="device-plugin"
+        )
+        return "for Xid critical errors" in logs
+
+    wait_for(health_check_runs, 60, f"the health check of the plugin on {node}")
+
+
+def _restart_plugin(cluster, node: str, gpus: str) -> None:
+    """Restart the node's plugin (advertising fewer than ``gpus`` now) and wait until its
+    devices are all advertised again."""
+    assert _gpus(cluster, node) != gpus
+    cluster.local.restart(COMPONENT, node)  # delete its pod: the DaemonSet makes a new one
+    wait_for(lambda: _gpus(cluster, node) == gpus, 60, f"{node} to advertise {gpus} again")
+
+
+def test_allocatable_and_labels_are_what_the_plugins_advertise(cluster) -> None:
     a100 = profiles.load("a100-80gb-mig-x8")
     mig = _allocatable(cluster, "gpu-a100-mig")
     # mixed strategy: one resource per MIG profile, counted from the profile's layout
@@ -43,21 +75,34 @@ def test_allocatable_is_what_the_plugins_advertise(cluster) -> None:
         assert mig[f"nvidia.com/mig-{name}"] == str(want)
     assert "nvidia.com/gpu" not in mig  # every GPU there is MIG-enabled
     # time-slicing: one T4 with replicas 4 is advertised as 4 devices
-    assert _allocatable(cluster, "gpu-t4-shared")["nvidia.com/gpu"] == "4"
-    labels = client.CoreV1Api(cluster.api).read_node("gpu-a100").metadata.labels
+    assert _gpus(cluster, "gpu-t4-shared") == "4"
+    core = client.CoreV1Api(cluster.api)
+    labels = core.read_node("gpu-a100").metadata.labels
+    assert labels["nvidia.com/device-plugin.config"] == "default"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
     assert labels["nvidia.com/gpu.count"] == "8"
+    assert "nvidia.com/mig.strategy" not in labels  # strategy none: no label (GFD)
+    mig_labels = core.read_node("gpu-a100-mig").metadata.labels
+    assert mig_labels["nvidia.com/device-plugin.config"] == "mig-mixed"
+    assert mig_labels["nvidia.com/mig.strategy"] == "mixed"
+    assert mig_labels["nvidia.com/gpu.count"] == "8"  # every A100, MIG-enabled or not
+    shared = core.read_node("gpu-t4-shared").metadata.labels
+    assert shared["nvidia.com/gpu.replicas"] == "4"
+    assert shared["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
 
 
 def test_two_gpus_come_from_one_numa_node(cluster, namespace) -> None:
+    node = "gpu-t4-0"  # 4 T4s, two per NUMA node, no NVLink
+    profile = profiles.load("t4-x4")
+    by_uuid = {profiles.gpu_uuid(node, g.index): g for g in profile.gpus}
+    naive = sorted(by_uuid)[:2]  # what kubelet takes without GetPreferredAllocation
+    assert len({by_uuid[u].numa_node for u in naive}) == 2, "the test needs a crossing pair"
     core = client.CoreV1Api(cluster.api)
-    core.create_namespaced_pod(namespace, _pod_on("gpu-a100", "pair", {"nvidia.com/gpu": "2"}))
+    core.create_namespaced_pod(namespace, _pod_on(node, "pair", {"nvidia.com/gpu": "2"}))
     alloc = wait_for(lambda: _allocation(core, "pair", namespace), 60, "Allocate for pair")
     uuids = alloc["envs"]["NVIDIA_VISIBLE_DEVICES"].split(",")
     assert len(uuids) == 2
-    profile = profiles.load("a100-sxm4-40gb-x8")
-    by_uuid = {profiles.gpu_uuid("gpu-a100", g.index): g for g in profile.gpus}
-    assert {by_uuid[u].numa_node for u in uuids} in ({0}, {1})
+    assert len({by_uuid[u].numa_node for u in uuids}) == 1
     assert sorted(alloc["devices"]["nvidia.com/gpu"]) == sorted(uuids)
 
 
@@ -78,37 +123,31 @@ def test_mig_pod_gets_a_mig_device(cluster, namespace) -> None:
     assert uuid in three_g
 
 
-def test_xid_79_drops_allocatable_by_one_and_clear_restores_it(cluster) -> None:
-    node_dir = fake_gpu_root(cluster.local.dir) / "gpu-t4-1"
-    faults.inject_xid(node_dir, 2, faults.XID_FALLEN_OFF_BUS)
-    try:
-        wait_for(
-            lambda: _allocatable(cluster, "gpu-t4-1")["nvidia.com/gpu"] == "3",
-            30,
-            "gpu-t4-1 allocatable 3 after Xid 79",
-        )
-        # capacity still counts the broken GPU, as kubelet reports it
-        node = client.CoreV1Api(cluster.api).read_node("gpu-t4-1")
-        assert node.status.capacity["nvidia.com/gpu"] == "4"
-    finally:
-        faults.clear(node_dir)
-    wait_for(
-        lambda: _allocatable(cluster, "gpu-t4-1")["nvidia.com/gpu"] == "4",
-        30,
-        "gpu-t4-1 allocatable back to 4 after clear",
-    )
+@pytest.mark.local_backend
+def test_xid_79_drops_a_gpu_until_the_plugin_restarts(cluster) -> None:
+    node = "gpu-t4-1"
+    watching(cluster, node)
+    cluster.local.inject_fault(node, 2, faults.XID_FALLEN_OFF_BUS)
+    wait_for(lambda: _gpus(cluster, node) == "3", 30, f"{node} allocatable 3 after Xid 79")
+    node_status = client.CoreV1Api(cluster.api).read_node(node).status
+    assert node_status.capacity["nvidia.com/gpu"] == "4"  # kubelet keeps it in capacity
+    cluster.local.clear_faults(node)  # the fake driver forgets the fault; the plugin does not
+    with pytest.raises(WaitTimeout):
+        wait_for(lambda: _gpus(cluster, node) == "4", 3, "a recovery that must not come")
+    _restart_plugin(cluster, node, "4")  # the positive control: a restart brings it back
 
 
+@pytest.mark.local_backend
 def test_ignored_xid_keeps_the_gpu_healthy(cluster) -> None:
-    node_dir = fake_gpu_root(cluster.local.dir) / "gpu-t4-0"
-    faults.inject_xid(node_dir, 0, 13)  # graphics engine exception: not a health failure
-    try:
-        import time
-
-        time.sleep(3)  # longer than the plugin needs to drop a GPU on a fatal Xid
-        assert _allocatable(cluster, "gpu-t4-0")["nvidia.com/gpu"] == "4"
-    finally:
-        faults.clear(node_dir)
+    node = "gpu-t4-0"
+    watching(cluster, node)
+    cluster.local.inject_fault(node, 0, 13)  # graphics engine exception: not a health failure
+    with pytest.raises(WaitTimeout):
+        wait_for(lambda: _gpus(cluster, node) != "4", 3, "a drop that must not come")
+    cluster.local.inject_fault(node, 0, 79)  # the positive control: a fatal Xid is seen
+    wait_for(lambda: _gpus(cluster, node) == "3", 30, f"{node} allocatable 3")
+    cluster.local.clear_faults(node)
+    _restart_plugin(cluster, node, "4")
 
 
 def test_pod_over_the_nodes_free_devices_fails_admission(cluster, namespace) -> None:
@@ -126,11 +165,19 @@ def test_pod_over_the_nodes_free_devices_fails_admission(cluster, namespace) -> 
         "greedy to fail admission",
     )
     assert pod.status.reason == "UnexpectedAdmissionError"
+    assert "Requested: 5, Available: 4" in pod.status.message
 
 
-def test_device_plugin_demo_passes_against_this_cluster(cluster) -> None:
-    import argparse
-
+@pytest.mark.local_backend
+def test_the_demo_passes_from_a_stopped_cluster() -> None:
+    """`gpulab down; make demo-device-plugin`, on a cluster of the demo's shape."""
     from demos import device_plugin as demo
 
-    assert demo.run(argparse.Namespace(spec="e2e", backend="local")) == 0
+    spec_name = "device-plugin-e2e"
+    local = LocalCluster(load(spec_name))
+    local.down(print)
+    assert not local.running()
+    try:
+        assert demo.run(argparse.Namespace(spec=spec_name, backend="local")) == 0
+    finally:
+        local.down(print)

@@ -29,6 +29,9 @@ from gpulab.wait import wait_for
 from harness.addons.hami import EXTENDER, start_extender
 from harness.local import pid_alive
 
+# restarts the extender's host process on its own local cluster
+pytestmark = pytest.mark.local_backend
+
 SPEC = "hami-e2e"
 # Every test starts on an empty cluster (the ns fixture waits until its pods are gone), so
 # placements are exact: node binpack ties go to the first node by name, card ties to the

@@ -160,6 +160,7 @@ def test_quota_is_never_exceeded_by_100_jobs_submitted_at_once(cluster, namespac
     assert all(j.status.succeeded == 1 and not j.spec.suspend for j in jobs)
 
 
+@pytest.mark.local_backend
 def test_controller_restart_neither_double_admits_nor_loses_a_workload(cluster, namespace) -> None:
     quota = 4
     setup_queue(cluster.api, namespace, quota)
@@ -567,6 +568,7 @@ def demo_namespaces(cluster) -> Iterator[None]:
                 raise
 
 
+@pytest.mark.local_backend
 def test_kueue_demo_passes_against_this_cluster(cluster, demo_namespaces) -> None:
     assert demo.run(argparse.Namespace(spec="e2e", backend="local")) == 0
 

@@ -1,4 +1,5 @@
-"""`gpulab device-plugin` / `gpulab node-agent` argument checks (one-line errors, exit 2)."""
+"""`gpulab device-plugin` / `config-manager` / `node-agent` argument checks (one-line
+errors, exit 2)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from gpulab.cli import main
 
 @pytest.fixture(autouse=True)
 def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.delenv("NODE_NAME", raising=False)
+    for var in ("KUBERNETES_SERVICE_HOST", "NODE_NAME", "MIG_STRATEGY", "CONFIG_FILE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _run(tmp_path: Path, *args: str) -> int:
+    return main(["device-plugin", "--node-name", "n1", "--socket-dir", str(tmp_path), *args])
 
 
 @pytest.mark.parametrize(
@@ -22,18 +27,34 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
             ["--mig-strategy", "auto"],
             "unknown MIG strategy 'auto'; use one of: none, single, mixed",
         ),
-        (["--replicas", "0"], "--replicas must be >= 1, got 0"),
-        (["--hami", "--mig-strategy", "mixed"], "--hami shares whole GPUs"),
+        (["--shared-devices-allocation-policy", "x"], "invalid --shared-devices-allocation-policy"),
         (["--hami"], "--hami reads and writes HAMi's annotations: pass --kubeconfig"),
         (["--hami-split-count", "0"], "--hami-split-count must be >= 1"),
     ],
 )
 def test_device_plugin_rejects_bad_flags(args, message, tmp_path: Path, capsys) -> None:
-    code = main(["device-plugin", "--node-name", "n1", "--socket-dir", str(tmp_path), *args])
-    assert code == 2
+    assert _run(tmp_path, *args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("gpulab: error: ") and message in err
     assert "\n" not in err
+
+
+def test_a_bad_config_file_fails_before_nvml(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "config.yaml"
+    bad.write_text("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}")
+    assert _run(tmp_path, "--config-file", str(bad)) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: sharing.timeSlicing.resources[0].replicas: number of replicas" in err
+    assert _run(tmp_path, "--config-file", str(tmp_path / "missing.yaml")) == 2
+    assert "unable to load config" in capsys.readouterr().err
+
+
+def test_mig_strategy_from_the_environment_is_checked(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MIG_STRATEGY", "weird")
+    assert _run(tmp_path) == 2
+    assert "unknown MIG strategy 'weird'" in capsys.readouterr().err
 
 
 def test_device_plugin_needs_a_node_name(tmp_path: Path, capsys) -> None:
@@ -50,3 +71,12 @@ def test_socket_dir_must_exist(tmp_path: Path, capsys) -> None:
     )
     assert code == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_config_manager_runs_as_an_init_step_only(tmp_path: Path, capsys) -> None:
+    args = ["config-manager", "--node-name", "n1", "--config-file-srcdir", str(tmp_path),
+            "--config-file-dst", str(tmp_path / "c.yaml")]  # fmt: skip
+    assert main(args) == 2
+    assert "pass --oneshot" in capsys.readouterr().err
+    assert main(["config-manager", "--oneshot", "--node-name", "n1"]) == 2
+    assert "invalid <config-file-srcdir>" in capsys.readouterr().err

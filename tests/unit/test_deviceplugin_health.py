@@ -1,53 +1,56 @@
-"""Which NVML events are health failures and which devices they hit (deviceplugin.health)."""
+"""Which Xids are health failures (health.go getDisabledHealthCheckXids) and which devices
+an event concerns."""
 
 from __future__ import annotations
 
-import pynvml
 import pytest
 
-from gpulab.deviceplugin.health import NO_INSTANCE, affected_uuids, critical, xid_filter
-from gpulab.deviceplugin.rm import GPUInfo, MigInfo
-
-XID = pynvml.nvmlEventTypeXidCriticalError
-
-
-@pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 109])
-def test_application_xids_are_not_failures(xid: int) -> None:
-    assert not critical(XID, xid, xid_filter({}))
+from gpulab.deviceplugin.config import Config, time_slicing
+from gpulab.deviceplugin.health import NO_INSTANCE, affected, xid_filter
+from gpulab.deviceplugin.rm import build_resources, parse_mig_minors
+from gpulab.fakegpu import inventory, profiles
+from gpulab.fakegpu.render import mig_minors
 
 
-@pytest.mark.parametrize("xid", [48, 63, 74, 79, 94])
-def test_other_xids_are_failures(xid: int) -> None:
-    assert critical(XID, xid, xid_filter({}))
+@pytest.mark.parametrize(
+    ("env", "disabled", "enabled", "no_checks"),
+    [
+        ({}, [13, 31, 43, 45, 68, 109], [48, 79, 94], False),
+        ({"DP_DISABLE_HEALTHCHECKS": "79, 94"}, [79, 94, 13], [48], False),
+        ({"DP_DISABLE_HEALTHCHECKS": "all"}, [79], [], True),
+        ({"DP_DISABLE_HEALTHCHECKS": "xids"}, [79], [], True),
+        ({"DP_ENABLE_HEALTHCHECKS": "13"}, [31], [13, 79], False),
+        ({"DP_ENABLE_HEALTHCHECKS": "all"}, [], [13, 31, 79, 109], False),
+        ({"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "all"}, [], [13, 79], False),
+        # v0.20.0: with every Xid disabled, checkHealth returns before looking at the rest
+        ({"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "79"}, [], [], True),
+        ({"DP_DISABLE_HEALTHCHECKS": "x, 79"}, [79], [48], False),  # malformed: ignored
+    ],
+)
+def test_xid_filter_as_upstream(env, disabled, enabled, no_checks) -> None:
+    xids = xid_filter(env)
+    assert xids.all_disabled() is no_checks
+    if no_checks:
+        return
+    assert [x for x in disabled if not xids.is_disabled(x)] == []
+    assert [x for x in enabled if xids.is_disabled(x)] == []
 
 
-def test_ecc_double_bit_fails_single_bit_does_not() -> None:
-    assert critical(pynvml.nvmlEventTypeDoubleBitEccError, 0, xid_filter({}))
-    assert not critical(pynvml.nvmlEventTypeSingleBitEccError, 0, xid_filter({}))
+def test_a_gpu_wide_xid_hits_every_device_of_the_gpu_replicas_included() -> None:
+    gpus = inventory.gpu_infos(profiles.load("t4-x4"), "n1")
+    (res,) = build_resources(gpus, Config(time_slicing=time_slicing(3)))
+    hit = affected(res.devices, gpus[2], NO_INSTANCE, NO_INSTANCE)
+    assert len(hit) == 3 and {d.gpu_index for d in hit} == {2}
 
 
-def test_env_extends_and_overrides_the_ignore_list() -> None:
-    xids = xid_filter({"DP_DISABLE_HEALTHCHECKS": "79, 94,bogus", "DP_ENABLE_HEALTHCHECKS": "13"})
-    assert not critical(XID, 79, xids) and not critical(XID, 94, xids)
-    assert critical(XID, 13, xids)  # explicitly enabled beats the built-in list
-    assert critical(XID, 48, xids)
-
-
-def test_all_disables_every_xid_except_enabled_ones() -> None:
-    xids = xid_filter({"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "79"})
-    assert xids.all_disabled
-    assert not critical(XID, 48, xids)
-    assert critical(XID, 79, xids)
-
-
-def _mig_gpu() -> GPUInfo:
-    migs = (MigInfo(0, "MIG-a", 1, 0, "3g.40gb", 40192), MigInfo(1, "MIG-b", 2, 0, "1g.10gb", 9728))
-    return GPUInfo(0, "GPU-0", "NVIDIA A100", 81920, (8, 0), 0, 0, (), True, True, migs)
-
-
-def test_gpu_wide_event_hits_the_gpu_and_all_its_mig_devices() -> None:
-    assert affected_uuids(_mig_gpu(), NO_INSTANCE, NO_INSTANCE) == ["GPU-0", "MIG-a", "MIG-b"]
-
-
-def test_instance_event_hits_only_that_mig_device() -> None:
-    assert affected_uuids(_mig_gpu(), 2, 0) == ["MIG-b"]
+def test_an_xid_naming_a_mig_instance_hits_only_that_device() -> None:
+    profile = profiles.load("a100-80gb-mig-x8")
+    gpus = inventory.gpu_infos(profile, "n1")
+    resources = build_resources(
+        gpus, Config(mig_strategy="mixed"), parse_mig_minors(mig_minors(profile))
+    )
+    devices = [d for r in resources for d in r.devices]
+    gpu0 = gpus[0]
+    assert len(affected(devices, gpu0, NO_INSTANCE, NO_INSTANCE)) == len(gpu0.migs)
+    (one,) = affected(devices, gpu0, gpu0.migs[1].gi_id, gpu0.migs[1].ci_id)
+    assert one.uuid == gpu0.migs[1].uuid

@@ -1,69 +1,88 @@
-"""GFD labels from the NVML inventory (gpulab.deviceplugin.labels)."""
+"""GFD labels (internal/lm) from the inventory and the config."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from gpulab.deviceplugin.config import Config, parse, time_slicing
 from gpulab.deviceplugin.labels import arch_family, gfd_labels, sanitise
-from gpulab.deviceplugin.rm import GPUInfo, MigInfo
+from gpulab.fakegpu import inventory, profiles
 
 
-def gpu(i: int, name: str = "NVIDIA A100-SXM4-40GB", cc=(8, 0), mem=40960, migs=()) -> GPUInfo:
-    return GPUInfo(
-        index=i, uuid=f"GPU-{i}", name=name, memory_mib=mem, compute_capability=cc, minor=i,
-        numa_node=0, mig_capable=cc[0] >= 8, mig_enabled=bool(migs),
-        migs=tuple(MigInfo(j, f"MIG-{i}-{j}", j, 0, p, 9728) for j, p in enumerate(migs)),
-    )  # fmt: skip
+def gpus(profile: str):
+    return inventory.gpu_infos(profiles.load(profile), "n1")
 
 
-def test_whole_gpu_labels() -> None:
-    labels = gfd_labels([gpu(i) for i in range(8)], "none")
+def test_whole_gpus_none_strategy() -> None:
+    labels = gfd_labels(gpus("a100-sxm4-40gb-x8"), Config())
     assert labels == {
+        "nvidia.com/mig.capable": "true",
+        "nvidia.com/mps.capable": "false",
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
         "nvidia.com/gpu.count": "8",
         "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.sharing-strategy": "none",
         "nvidia.com/gpu.memory": "40960",
         "nvidia.com/gpu.family": "ampere",
         "nvidia.com/gpu.compute.major": "8",
         "nvidia.com/gpu.compute.minor": "0",
-        "nvidia.com/mig.capable": "true",
-        "nvidia.com/mig.strategy": "none",
-    }
+    }  # no nvidia.com/mig.strategy for strategy none
 
 
-def test_spaces_become_dashes_and_odd_characters_go() -> None:
-    assert sanitise("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
-    assert sanitise("Tesla  T4 (rev/a)") == "Tesla-T4-reva"
-    labels = gfd_labels([gpu(0, "Tesla T4", (7, 5), 15360)], "none")
-    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
-    assert labels["nvidia.com/gpu.family"] == "turing"
-    assert labels["nvidia.com/mig.capable"] == "false"
-
-
-def test_time_slicing_marks_the_product_shared() -> None:
-    labels = gfd_labels([gpu(0)], "none", replicas=4)
-    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
+def test_time_slicing_labels() -> None:
+    labels = gfd_labels(gpus("t4-x4"), Config(time_slicing=time_slicing(4)))
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
     assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/gpu.count"] == "4"
+    renamed = parse(
+        "sharing: {timeSlicing: {renameByDefault: true, resources: [{name: gpu, replicas: 4}]}}"
+    )
+    assert gfd_labels(gpus("t4-x4"), renamed)["nvidia.com/gpu.product"] == "Tesla-T4"
 
 
-def test_mig_single_labels_describe_the_mig_devices() -> None:
-    labels = gfd_labels([gpu(i, migs=("1g.10gb",) * 7) for i in range(2)], "single")
-    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.10gb"
-    assert labels["nvidia.com/gpu.count"] == "14"
-    assert labels["nvidia.com/gpu.memory"] == "9728"
-
-
-def test_mig_mixed_counts_each_profile() -> None:
-    labels = gfd_labels([gpu(0, migs=("3g.40gb", "1g.10gb")), gpu(1)], "mixed")
-    assert labels["nvidia.com/mig-3g.40gb.count"] == "1"
-    assert labels["nvidia.com/mig-1g.10gb.count"] == "1"
-    assert labels["nvidia.com/gpu.count"] == "1"  # only the GPU with MIG disabled
+def test_mixed_counts_every_gpu_of_the_product_and_labels_each_mig_profile() -> None:
+    labels = gfd_labels(gpus("a100-80gb-mig-x8"), Config(mig_strategy="mixed"))
     assert labels["nvidia.com/mig.strategy"] == "mixed"
+    assert labels["nvidia.com/gpu.count"] == "8"  # every GPU, all MIG-enabled
+    assert labels["nvidia.com/gpu.replicas"] == "0"  # MIG-enabled GPUs: no sharing info
+    assert labels["nvidia.com/mig-1g.10gb.count"] == "36"
+    assert labels["nvidia.com/mig-3g.40gb.product"] == "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"
+    assert labels["nvidia.com/mig-3g.40gb.memory"] == "40192"
+    assert labels["nvidia.com/mig-3g.40gb.slices.gi"] == "3"
+    assert labels["nvidia.com/mig-3g.40gb.multiprocessors"] == "42"
 
 
-def test_families_follow_compute_capability() -> None:
-    assert [arch_family(*cc) for cc in [(7, 0), (7, 5), (8, 6), (8, 9), (9, 0), (10, 0)]] == [
-        "volta", "turing", "ampere", "ada-lovelace", "hopper", "blackwell",
+def test_single_labels_the_mig_device_as_the_gpu_with_its_attributes() -> None:
+    only_1g = [g for g in gpus("a100-80gb-mig-x8") if g.index >= 4]
+    labels = gfd_labels(only_1g, Config(mig_strategy="single"))
+    assert labels["nvidia.com/mig.strategy"] == "single"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
+    assert labels["nvidia.com/gpu.count"] == "28"
+    assert labels["nvidia.com/gpu.memory"] == "9728"
+    assert labels["nvidia.com/gpu.slices.ci"] == "1"
+    assert labels["nvidia.com/gpu.engines.copy"] == "1"
+
+
+def test_single_on_a_node_it_does_not_fit_says_invalid() -> None:
+    labels = gfd_labels(gpus("a100-80gb-mig-x8"), Config(mig_strategy="single"))
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-INVALID"
+    assert labels["nvidia.com/gpu.count"] == "0"
+    partly = [g if g.index < 4 else replace(g, mig_enabled=False, migs=()) for g in
+              gpus("a100-80gb-mig-x8")]  # fmt: skip
+    assert gfd_labels(partly, Config(mig_strategy="single"))["nvidia.com/gpu.count"] == "0"
+
+
+def test_no_gpus_no_labels_and_helpers() -> None:
+    assert gfd_labels([], Config()) == {}
+    assert sanitise("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
+    assert [arch_family(*cc) for cc in ((7, 0), (7, 5), (8, 9), (9, 0), (12, 0))] == [
+        "volta", "turing", "ada-lovelace", "hopper", "blackwell",
     ]  # fmt: skip
 
 
-def test_no_gpus_no_labels() -> None:
-    assert gfd_labels([], "none") == {}
+def test_mixed_products_are_labelled_after_the_most_common() -> None:
+    labels = gfd_labels(gpus("mixed"), Config())
+    # 2x A100 + 2x T4: a tie, the first-listed product wins; the count is its own
+    assert labels["nvidia.com/gpu.product"] in ("NVIDIA-A100-SXM4-40GB", "Tesla-T4")
+    assert labels["nvidia.com/gpu.count"] == "2"

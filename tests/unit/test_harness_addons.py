@@ -1,5 +1,7 @@
-from harness.addons.device_plugin import expected_resources
-from harness.spec import node_object, parse
+from gpulab.deviceplugin.config import parse as parse_config
+from harness.addons.device_plugin import expected_resources, extra_configs, plugin_config
+from harness.apply import MANIFESTS, load_documents
+from harness.spec import device_plugin_config_name, node_labels, node_object, parse
 
 
 def _node(profile: str, **plugin: object):
@@ -18,6 +20,45 @@ def test_mig_mixed_counts_each_profile() -> None:
         "nvidia.com/mig-2g.20gb": 4,
         "nvidia.com/mig-1g.10gb": 4 * 2 + 4 * 7,
     }
+
+
+def test_mig_single_counts_what_the_plugin_counts() -> None:
+    # strategy single on a node with no MIG-enabled GPU: whole GPUs (the old harness
+    # counted a non-MIG GPU as 1 MIG device each, which the plugin never did)
+    assert expected_resources(_node("h100-80gb-x8", migStrategy="single")) == {"nvidia.com/gpu": 8}
+
+
+def test_each_setting_is_a_named_config_in_upstreams_format() -> None:
+    nodes = [
+        _node("t4-x4", replicas=4),
+        _node("a100-80gb-mig-x8", migStrategy="mixed"),
+        _node("t4-x4", replicas=3, migStrategy="single"),
+    ]
+    names = [device_plugin_config_name(n.device_plugin) for n in nodes]
+    assert names == ["time-slicing-4", "mig-mixed", "mig-single-time-slicing-3"]
+    # each node selects its config through the label the config-manager reads
+    assert [node_labels(n)["nvidia.com/device-plugin.config"] for n in nodes] == names
+    shipped = next(
+        d["data"]
+        for d in load_documents([MANIFESTS / "device-plugin"])
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nvidia-device-plugin-configs"
+    )
+    extra = extra_configs(nodes)
+    assert set(extra) == {"mig-single-time-slicing-3"}  # only what the shipped ones lack
+    data = {**shipped, **extra}
+    for node in nodes:
+        assert parse_config(data[device_plugin_config_name(node.device_plugin)]) == plugin_config(
+            node.device_plugin
+        )
+
+
+def test_hami_nodes_get_hamis_label_not_nvidias() -> None:
+    labels = node_labels(_node("t4-x4", hami=True))
+    assert labels["gpu"] == "on"
+    assert (
+        "nvidia.com/gpu.present" not in labels and "nvidia.com/device-plugin.config" not in labels
+    )
+    assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
 
 
 def test_with_a_device_plugin_the_node_starts_without_gpu_capacity() -> None:

@@ -3,11 +3,13 @@ from pathlib import Path
 
 import pytest
 
+from harness import pki
 from harness.apply import (
     MANIFESTS,
     LocalTransform,
     ServiceTransform,
     load_documents,
+    serving_secret,
     webhook_services,
 )
 from harness.errors import HarnessError
@@ -25,25 +27,44 @@ WEBHOOK = {
 }
 
 
-def test_local_transform_points_webhooks_at_the_host_process() -> None:
-    out, dry = LocalTransform(b"PEM", {"svc": 9443})(WEBHOOK)
+@pytest.fixture
+def ca(tmp_path: Path) -> pki.KeyPair:
+    return pki.create_ca(tmp_path)
+
+
+def test_local_transform_points_webhooks_at_the_services_address(
+    ca: pki.KeyPair, tmp_path: Path
+) -> None:
+    transform = LocalTransform(ca, tmp_path, block=42)
+    transform._addresses[("svc", "ns")] = "127.42.3.4"  # what prepare() read from the Service
+    out, dry = transform(WEBHOOK)
     assert not dry
     cfg = out["webhooks"][0]["clientConfig"]
     assert cfg == {
-        "url": "https://127.0.0.1:9443/webhook",
-        "caBundle": base64.b64encode(b"PEM").decode(),
+        "url": "https://127.42.3.4:443/webhook",
+        "caBundle": base64.b64encode(ca.cert.read_bytes()).decode(),
     }
     assert "service" in WEBHOOK["webhooks"][0]["clientConfig"]  # input left untouched
 
 
-def test_local_transform_dry_runs_workloads() -> None:
+def test_local_transform_points_webhooks_at_a_host_process(ca: pki.KeyPair, tmp_path: Path) -> None:
+    out, _ = LocalTransform(ca, tmp_path, 42, {"svc": 9443})(WEBHOOK)
+    assert out["webhooks"][0]["clientConfig"]["url"] == "https://127.0.0.1:9443/webhook"
+
+
+def test_local_transform_runs_workloads_unless_an_addon_stands_in(
+    ca: pki.KeyPair, tmp_path: Path
+) -> None:
     doc = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"}}
-    assert LocalTransform(b"")(doc) == (doc, True)
+    assert LocalTransform(ca, tmp_path, 42)(doc) == (doc, False)
+    assert LocalTransform(ca, tmp_path, 42, dry_run_workloads=True)(doc) == (doc, True)
 
 
-def test_webhook_without_a_running_component_is_an_error() -> None:
-    with pytest.raises(HarnessError, match="Service 'svc' has no local port"):
-        LocalTransform(b"", {})(WEBHOOK)
+def test_webhook_whose_service_was_not_prepared_is_an_error(
+    ca: pki.KeyPair, tmp_path: Path
+) -> None:
+    with pytest.raises(HarnessError, match="Service ns/svc was not prepared"):
+        LocalTransform(ca, tmp_path, 42)(WEBHOOK)
 
 
 def test_shipped_manifests_all_parse() -> None:
@@ -57,7 +78,7 @@ def test_document_without_kind_names_the_file(tmp_path: Path) -> None:
         load_documents([tmp_path])
 
 
-def test_service_transform_keeps_the_service_and_adds_the_ca() -> None:
+def test_service_transform_keeps_the_service_and_adds_the_ca(tmp_path: Path) -> None:
     crd = {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -69,22 +90,21 @@ def test_service_transform_keeps_the_service_and_adds_the_ca() -> None:
             }
         },
     }
-    out, dry = ServiceTransform(b"PEM")(crd)
+    ca = pki.create_ca(tmp_path)
+    out, dry = ServiceTransform(ca, tmp_path)(crd)
     cfg = out["spec"]["conversion"]["webhook"]["clientConfig"]
     assert not dry
     assert cfg["service"] == {"name": "s", "namespace": "n"}
-    assert base64.b64decode(cfg["caBundle"]) == b"PEM"
+    assert base64.b64decode(cfg["caBundle"]) == ca.cert.read_bytes()
     assert webhook_services([crd, WEBHOOK]) == {("s", "n"), ("svc", "ns")}
 
 
-def test_serving_secrets_are_signed_for_the_services_dns_names(tmp_path: Path) -> None:
+def test_serving_secrets_are_signed_for_the_services_names_and_address(tmp_path: Path) -> None:
     from cryptography import x509
 
-    from harness import pki
-    from harness.docker import serving_secrets
-
     ca = pki.create_ca(tmp_path)
-    (secret,) = serving_secrets(ca, tmp_path, [WEBHOOK])
+    (secret,) = ServiceTransform(ca, tmp_path).prepare(None, [WEBHOOK])  # type: ignore[arg-type]
+    local = serving_secret(ca, tmp_path, "svc", "ns", ("127.42.3.4",))
     assert (secret["metadata"], secret["type"]) == (
         {"name": "svc-tls", "namespace": "ns"},
         "kubernetes.io/tls",
@@ -93,6 +113,9 @@ def test_serving_secrets_are_signed_for_the_services_dns_names(tmp_path: Path) -
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "svc.ns.svc" in sans.get_values_for_type(x509.DNSName)
     assert cert.issuer == x509.load_pem_x509_certificate(ca.cert.read_bytes()).subject
+    cert = x509.load_pem_x509_certificate(base64.b64decode(local["data"]["tls.crt"]))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.42.3.4"]
 
 
 def test_samples_are_not_part_of_a_deployment(tmp_path: Path) -> None:

@@ -1,14 +1,132 @@
 """The kind and k3d backends cannot run here (no Docker engine): these tests pin the exact
-commands they run and the configs they render, to the tools' documented interfaces."""
+commands they run and the configs they render, to the tools' documented interfaces, and
+the Docker SDK's conversation with a fake Docker Engine: an HTTP server on a unix socket
+answering the Engine API (/version, /build streamed in chunks, /images/<name>/json), so
+the real SDK client, its transport and our code run unmocked."""
 
+import io
+import json
+import socketserver
+import tarfile
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
 
-from harness.docker import IMAGE, PROFILE_MOUNT, ROOT, DockerCluster, k3d_config, kind_config
+from harness.docker import (
+    IMAGE,
+    KIND_NODE_IMAGE,
+    PROFILE_MOUNT,
+    ROOT,
+    DockerCluster,
+    build_image,
+    engine,
+    engine_status,
+    k3d_config,
+    kind_config,
+)
 from harness.errors import HarnessError
 from harness.spec import load
+
+API = "1.45"
+
+
+class FakeEngine(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The Docker Engine API as the SDK sees it: what it answers is set per test."""
+
+    daemon_threads = True
+
+    def __init__(self, path: Path) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.version_status = 200
+        self.build_stream: list[dict[str, Any]] = []
+        self.images: dict[str, str] = {}  # name -> ID
+        super().__init__(str(path), EngineHandler)
+
+
+class EngineHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: FakeEngine
+
+    def log_message(self, *args: Any) -> None:  # a unix socket has no client address
+        pass
+
+    def _json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _route(self) -> tuple[str, dict[str, list[str]]]:
+        url = urlparse(self.path)
+        path = url.path.removeprefix(f"/v{API}")
+        body = b""
+        if self.headers.get("Content-Length"):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+        elif self.headers.get("Transfer-Encoding") == "chunked":
+            while size := int(self.rfile.readline().strip(), 16):
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            self.rfile.readline()
+        query = parse_qs(url.query)
+        self.server.requests.append(
+            {"method": self.command, "path": path, "query": query, "body": body}
+        )
+        return path, query
+
+    def do_GET(self) -> None:
+        path, _ = self._route()
+        if path == "/version":
+            if self.server.version_status != 200:
+                self._json(self.server.version_status, {"message": "engine is starting"})
+            else:
+                self._json(200, {"Version": "27.3.1", "ApiVersion": API, "Os": "linux"})
+        elif path.startswith("/images/") and path.endswith("/json"):
+            name = path[len("/images/") : -len("/json")]
+            if name in self.server.images:
+                self._json(200, {"Id": self.server.images[name], "RepoTags": [name]})
+            else:
+                self._json(404, {"message": f"No such image: {name}"})
+        else:
+            self._json(404, {"message": f"page not found: {path}"})
+
+    def do_POST(self) -> None:
+        path, query = self._route()
+        if path != "/build":
+            self._json(404, {"message": f"page not found: {path}"})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for message in self.server.build_stream:  # one chunk per JSON message, as dockerd
+            data = json.dumps(message).encode() + b"\r\n"
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        if not any("error" in m for m in self.server.build_stream):
+            self.server.images[query["t"][0]] = "sha256:" + "ab" * 32
+
+
+@pytest.fixture
+def fake_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngine]:
+    sock = tmp_path / "docker.sock"
+    server = FakeEngine(sock)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture
@@ -17,11 +135,10 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "gpulab" / "gpulab"
 
 
-def test_kind_up_runs_build_create_load_in_order(state: Path) -> None:
+def test_kind_up_runs_create_then_load(state: Path) -> None:
     ran: list[list[str]] = []
     cluster = DockerCluster("kind", load("default"), runner=ran.append)
     assert cluster.commands_up() == [
-        ["docker", "build", "-t", IMAGE, "-f", str(ROOT / "Dockerfile"), str(ROOT)],
         [
             "kind",
             "create",
@@ -35,7 +152,14 @@ def test_kind_up_runs_build_create_load_in_order(state: Path) -> None:
             "--wait",
             "120s",
         ],
-        ["kind", "load", "docker-image", "gpulab:dev", "--name", "gpulab"],
+    ]
+    assert cluster.commands_load() == [
+        "kind",
+        "load",
+        "docker-image",
+        "gpulab:dev",
+        "--name",
+        "gpulab",
     ]
     assert cluster.commands_down() == [
         ["kind", "delete", "cluster", "--name", "gpulab", "--kubeconfig", str(state / "kubeconfig")]
@@ -44,18 +168,13 @@ def test_kind_up_runs_build_create_load_in_order(state: Path) -> None:
     assert ran == cluster.commands_down()
 
 
-def test_k3d_up_runs_build_create_kubeconfig_import(state: Path) -> None:
+def test_k3d_up_runs_create_kubeconfig_then_import(state: Path) -> None:
     cluster = DockerCluster("k3d", load("default"), runner=lambda _a: None)
     cmds = cluster.commands_up()
-    assert [c[:3] for c in cmds] == [
-        ["docker", "build", "-t"],
-        ["k3d", "cluster", "create"],
-        ["k3d", "kubeconfig", "write"],
-        ["k3d", "image", "import"],
-    ]
-    assert cmds[1][3:] == ["--config", str(state / "k3d-config.yaml"), "--wait"]
-    assert cmds[2][3:] == ["gpulab", "--output", str(state / "kubeconfig")]
-    assert cmds[3][3:] == [IMAGE, "--cluster", "gpulab"]
+    assert [c[:3] for c in cmds] == [["k3d", "cluster", "create"], ["k3d", "kubeconfig", "write"]]
+    assert cmds[0][3:] == ["--config", str(state / "k3d-config.yaml"), "--wait"]
+    assert cmds[1][3:] == ["gpulab", "--output", str(state / "kubeconfig")]
+    assert cluster.commands_load() == ["k3d", "image", "import", IMAGE, "--cluster", "gpulab"]
     assert cluster.commands_down() == [["k3d", "cluster", "delete", "gpulab"]]
 
 
@@ -69,6 +188,8 @@ def test_kind_config_mounts_each_workers_profile(state: Path) -> None:
     assert cfg["apiVersion"] == "kind.x-k8s.io/v1alpha4"
     roles = [n["role"] for n in cfg["nodes"]]
     assert roles == ["control-plane"] + ["worker"] * 5
+    assert {n["image"] for n in cfg["nodes"]} == {KIND_NODE_IMAGE}
+    assert KIND_NODE_IMAGE.startswith("kindest/node:v1.36.") and "@sha256:" in KIND_NODE_IMAGE
     a100 = cfg["nodes"][1]
     assert a100["labels"]["gpulab.io/spec-node"] == "gpu-a100"
     mount = a100["extraMounts"][0]
@@ -96,7 +217,100 @@ def test_hami_on_kind_points_to_the_local_backend(state: Path) -> None:
     cluster = DockerCluster("kind", load("default"), runner=lambda _a: None)
     with pytest.raises(HarnessError, match=r"HAMi chapter runs on the local backend"):
         cluster.ensure_addon("hami", lambda _m: None)
-    cluster.ensure_addon("device-plugin", lambda _m: None)  # deployed by `up`: no-op
+
+
+# ---------------------------------------------------------------- the Docker Engine API
+
+
+def test_engine_detection_names_the_engine(fake_engine: FakeEngine) -> None:
+    assert engine_status() == (True, f"Docker Engine 27.3.1 (API {API})")
+    assert fake_engine.requests[0]["path"] == "/version"  # the SDK asked for its API version
+
+
+def test_no_engine_is_one_line_naming_the_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/nothing.sock")
+    ok, reason = engine_status()
+    assert not ok
+    assert reason.startswith(f"no Docker engine answers at unix://{tmp_path}/nothing.sock: ")
+    assert "\n" not in reason
+    from harness import backends
+
+    monkeypatch.delenv("GPULAB_BACKEND", raising=False)
+    assert backends.default_backend() == "local"
+
+
+def test_an_engine_answering_an_error_is_not_available(fake_engine: FakeEngine) -> None:
+    fake_engine.version_status = 500
+    ok, reason = engine_status()
+    assert not ok and "engine is starting" in reason
+
+
+def test_a_live_engine_makes_kind_the_default(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness import backends
+
+    monkeypatch.delenv("GPULAB_BACKEND", raising=False)
+    assert backends.default_backend() == "kind"
+
+
+def _context(tmp_path: Path) -> Path:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY hello /hello\n")
+    (ctx / "hello").write_text("hi\n")
+    return ctx
+
+
+def test_build_streams_the_engines_output_and_tags_the_image(
+    fake_engine: FakeEngine, tmp_path: Path
+) -> None:
+    fake_engine.build_stream = [
+        {"stream": "Step 1/2 : FROM scratch\n"},
+        {"stream": " ---> \n"},
+        {"stream": "Step 2/2 : COPY hello /hello\n"},
+        {"aux": {"ID": "sha256:" + "cd" * 32}},
+        {"stream": "Successfully tagged gpulab:dev\n"},
+    ]
+    said: list[str] = []
+    image_id = build_image(engine(), said.append, context=_context(tmp_path))
+    assert image_id == "sha256:" + "cd" * 32
+    assert said[1:5] == [
+        "  Step 1/2 : FROM scratch",
+        "  --->",
+        "  Step 2/2 : COPY hello /hello",
+        "  Successfully tagged gpulab:dev",
+    ]
+    build = next(r for r in fake_engine.requests if r["path"] == "/build")
+    assert build["method"] == "POST" and build["query"]["t"] == [IMAGE]
+    with tarfile.open(fileobj=io.BytesIO(build["body"])) as tar:  # the context, as sent
+        assert sorted(tar.getnames()) == ["Dockerfile", "hello"]
+
+
+def test_a_failing_build_says_why(fake_engine: FakeEngine, tmp_path: Path) -> None:
+    fake_engine.build_stream = [
+        {"stream": "Step 1/2 : FROM scratch\n"},
+        {"errorDetail": {"message": "COPY failed: file not found"}, "error": "COPY failed"},
+    ]
+    with pytest.raises(HarnessError, match="docker build failed: COPY failed: file not found"):
+        build_image(engine(), lambda _m: None, context=_context(tmp_path))
+    assert IMAGE not in fake_engine.images
+
+
+def test_kind_load_runs_only_once_the_engine_has_the_image(
+    fake_engine: FakeEngine, state: Path
+) -> None:
+    ran: list[list[str]] = []
+    cluster = DockerCluster("kind", load("default"), runner=ran.append)
+    with pytest.raises(HarnessError, match=r"image gpulab:dev is not in the Docker engine"):
+        cluster.load_image(IMAGE, lambda _m: None)
+    assert ran == []  # kind load never ran for a missing image
+    fake_engine.images[IMAGE] = "sha256:" + "ef" * 32
+    cluster.load_image(IMAGE, lambda _m: None)
+    assert ran == [cluster.commands_load()]
+    assert any(r["path"] == f"/images/{IMAGE}/json" for r in fake_engine.requests)
 
 
 def test_gpulab_backend_overrides_the_docker_probe(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,3 +324,20 @@ def test_gpulab_backend_overrides_the_docker_probe(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("GPULAB_BACKEND", "minikube")
     with pytest.raises(HarnessError, match="GPULAB_BACKEND='minikube'"):
         backends.default_backend()
+
+
+def test_kind_config_carries_the_specs_kubelet_settings_and_machine_files(tmp_path: Path) -> None:
+    """The scheduling chapter's kubelets: Topology Manager settings as a kubeadm patch,
+    the lab's machine file (NUMA layout) where the topology updater reads it."""
+    spec = load("scheduling")
+    cfg = kind_config(spec, relative_paths=False, machine_dir=tmp_path)
+    (patch,) = cfg["kubeadmConfigPatches"]
+    kubelet = yaml.safe_load(patch)
+    assert kubelet["kind"] == "KubeletConfiguration"
+    assert kubelet["topologyManagerPolicy"] == "single-numa-node"
+    assert kubelet["reservedSystemCPUs"] == "0"  # the static CPU manager requires it
+    gpu_worker = next(n for n in cfg["nodes"] if n.get("labels", {}).get("gpulab.io/gpu-profile"))
+    machine = tmp_path / f"{gpu_worker['labels']['gpulab.io/spec-node']}.yaml"
+    mount = {"hostPath": str(machine), "containerPath": "/var/lib/kubelet/machine.yaml"}
+    assert {**mount, "readOnly": True} in gpu_worker["extraMounts"]
+    assert "kubeadmConfigPatches" not in kind_config(load("default"))  # kind's defaults

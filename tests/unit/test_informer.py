@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpulab.informer import Delta, Handlers, Informer, Resource, Store, key_of, reflect
+from gpulab.informer import SYNCED, Delta, Handlers, Informer, Resource, Store, key_of, reflect
 from gpulab.wait import wait_for
 
 
@@ -68,7 +68,7 @@ class ScriptedListWatch:
 
 def run(lw: ScriptedListWatch, store: Store | None = None) -> list[tuple[str, str]]:
     deltas = reflect(lw, Store() if store is None else store, lw.stop)  # type: ignore[arg-type]
-    return [(d.type, key_of(d.obj)) for d in deltas]
+    return [(d.type, key_of(d.obj)) for d in deltas if d.type != SYNCED]
 
 
 def test_list_then_watch_from_the_lists_resource_version() -> None:
@@ -88,6 +88,15 @@ def test_list_then_watch_from_the_lists_resource_version() -> None:
     ]
     assert lw.watched_from == ["2", "5"]  # the second watch resumes after the last event
     assert sorted(store.keys()) == ["ns/a", "ns/c"]
+
+
+def test_the_first_listing_ends_with_one_synced_marker() -> None:
+    lw = ScriptedListWatch(
+        lists=[([obj("a", "1")], "1"), ([obj("a", "2")], "2")],
+        watches=[[("ERROR", {"code": 410})]],
+    )
+    types = [d.type for d in reflect(lw, Store(), lw.stop)]  # type: ignore[arg-type]
+    assert types == ["ADDED", SYNCED, "MODIFIED"]  # no second marker after a relist
 
 
 def test_bookmarks_move_the_resource_version_without_an_event() -> None:

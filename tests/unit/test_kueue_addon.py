@@ -46,6 +46,4 @@ def test_a_process_started_again_replaces_its_dead_record(local: LocalCluster) -
     second = local.start_process(addon.NAME, ["sleep", "30"], ports=[1], service=addon.SERVICE)
     assert [r.pid for r in local.processes()] == [other.pid, second.pid]
     assert local.running()  # no dead record left for check_alive to trip over
-    local.pki.mkdir(parents=True)
-    (local.pki / "ca.crt").write_bytes(b"PEM")
     assert local.apply_transform().service_ports == {addon.SERVICE: 1}

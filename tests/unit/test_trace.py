@@ -38,3 +38,48 @@ def test_sequence_diagram_has_one_arrow_per_step() -> None:
     assert "default-scheduler->>Pod: Scheduled: assigned, ok" in text
     assert "gpulab_io_x->>Pod: Bind: bound" in text
     assert text.startswith("```mermaid\nsequenceDiagram")
+
+
+class FakeEvents:
+    """Records what the Tracer sends to events.k8s.io."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, object]] = []
+
+    def create_namespaced_event(self, namespace: str, event: object) -> None:
+        self.calls.append(("create", event.metadata.name, event))  # type: ignore[attr-defined]
+
+    def patch_namespaced_event(self, name: str, namespace: str, body: dict) -> None:
+        self.calls.append(("patch", name, body))
+
+
+def test_repeated_events_become_one_series_as_client_go_records_them() -> None:
+    import datetime as dt
+    import io
+
+    from kubernetes import client
+
+    from gpulab import trace
+    from gpulab.trace import ObjectRef, Tracer
+
+    tracer = Tracer("hami-scheduler", client.ApiClient(), stream=io.StringIO())
+    fake = FakeEvents()
+    tracer._events = fake  # type: ignore[assignment]
+    pod = ObjectRef("Pod", "p", "ns", "uid-1")
+    for _attempt in range(4):
+        tracer.step("Filter", pod, "0/3 nodes fit", warning=True)
+    tracer.step("Filter", ObjectRef("Pod", "other", "ns"), "fits", warning=False)
+    tracer.step("Filter", pod, "1/3 nodes fit", warning=True)  # another note: its own Event
+    tracer.flush()
+    ops = [(op, name.split(".")[0]) for op, name, _ in fake.calls]
+    # one Event per object; the first repeat patches the series at once, later ones only count
+    assert ops == [("create", "p"), ("patch", "p"), ("create", "other"), ("create", "p")]
+    assert fake.calls[1][2]["series"]["count"] == 2
+    assert fake.calls[0][2].series is None  # the Event first written has no series
+    # when the series ends (6 min without a repeat) the final count is written back
+    for rec in tracer._recorded.values():
+        rec.last = rec.event.event_time - dt.timedelta(seconds=trace.SERIES_FINISH + 1)
+    tracer._tend_series()
+    tracer.flush()
+    assert fake.calls[-1][0] == "patch" and fake.calls[-1][2]["series"]["count"] == 4
+    assert tracer._recorded == {}

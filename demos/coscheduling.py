@@ -1,0 +1,241 @@
+"""Demo `coscheduling`: gang scheduling with scheduler-plugins' Coscheduling, live.
+
+    pod Pop (QueueSort: Coscheduling.Less) -> PreFilter (enough siblings?) -> Filter ->
+    Score -> Reserve (assume) -> Permit (Wait until minMember are here) ||
+    WaitOnPermit -> Bind (all at once) | timeout / PostFilter -> Unreserve -> all rejected
+
+1. A PodGroup of 4 workers x 2 GPUs on two 4-GPU nodes, one of them half taken: three
+   workers fit and wait at Permit, holding their GPUs; the group's timeout rejects all
+   three together - nothing bound, nothing allocated. Free the node: all four bind at once.
+2. The gang deadlock of the chapter's last paragraph: two jobs that each fit alone but
+   not together. Without gang scheduling the default scheduler binds half of each (both
+   wait forever); with Coscheduling the queue sort takes one group whole and Permit
+   keeps the other from holding anything, so one finishes and then the other runs.
+
+Every step is read back from the Events gpulab-scheduler writes as it executes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from rich.table import Table
+
+from demos.common import (
+    DemoFailed,
+    LiveTrace,
+    chapter,
+    console,
+    ensure_cluster,
+    fresh_namespace,
+    ok,
+    say,
+)
+from gpulab.framework.objects import GPU, make_pod, manifest
+from gpulab.schedulerplugins import apis
+from gpulab.wait import wait_for
+
+NAMESPACE = "demo-coscheduling"
+SPEC = "scheduling"
+SCHEDULER = "gpulab-scheduler"
+T4 = {"gpulab.io/gpu-profile": "t4-x4"}
+TIMEOUT = 5  # the groups' scheduleTimeoutSeconds
+
+Obj = dict[str, Any]
+
+
+def worker(group: str, i: int, scheduler: str = SCHEDULER) -> Obj:
+    return make_pod(
+        f"{group}-{i}",
+        NAMESPACE,
+        requests={GPU: 2},
+        scheduler=scheduler,
+        node_selector=T4,
+        labels={apis.POD_GROUP_LABEL: group},
+    )
+
+
+def create(api: client.ApiClient, pod: Obj) -> None:
+    client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, manifest(pod))
+
+
+def create_group(api: client.ApiClient, name: str, members: int) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        apis.GROUP,
+        apis.VERSION,
+        NAMESPACE,
+        apis.PODGROUPS.plural,
+        apis.pod_group(name, NAMESPACE, members, schedule_timeout_seconds=TIMEOUT),
+    )
+
+
+def bound(api: client.ApiClient, prefix: str = "") -> dict[str, str]:
+    """Pod name -> node, for the bound pods whose name starts with ``prefix``."""
+    pods = client.CoreV1Api(api).list_namespaced_pod(NAMESPACE).items
+    return {
+        p.metadata.name: p.spec.node_name
+        for p in pods
+        if p.spec.node_name and p.metadata.name.startswith(prefix)
+    }
+
+
+def notes(api: client.ApiClient, reason: str) -> dict[str, list[str]]:
+    """Event messages by pod for ``reason`` in the demo namespace."""
+    out: dict[str, list[str]] = {}
+    for e in client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items:
+        if e.reason == reason and e.involved_object.kind == "Pod":
+            out.setdefault(e.involved_object.name, []).append(e.message or "")
+    return out
+
+
+def waiting_at_permit(api: client.ApiClient, names: list[str]) -> list[str]:
+    permits = notes(api, "Permit")
+    return [n for n in names if any("Coscheduling: Wait" in m for m in permits.get(n, []))]
+
+
+def clear(api: client.ApiClient) -> None:
+    core = client.CoreV1Api(api)
+    core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(NAMESPACE).items, 60, "the pods to go")
+
+
+def group_phase(api: client.ApiClient, name: str) -> str:
+    pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        apis.GROUP, apis.VERSION, NAMESPACE, apis.PODGROUPS.plural, name
+    )
+    return str((pg.get("status") or {}).get("phase") or "-")
+
+
+def all_or_nothing(api: client.ApiClient) -> None:
+    console.rule("1. four workers, room for three")
+    say("pod blocker (default-scheduler) takes 2 of gpu-t4-0's 4 GPUs: 6 free, 8 needed")
+    create(
+        api,
+        make_pod(
+            "blocker",
+            NAMESPACE,
+            requests={GPU: 2},
+            node_selector={"kubernetes.io/hostname": "gpu-t4-0"},
+        ),
+    )
+    wait_for(lambda: "blocker" in bound(api), 30, "blocker bound")
+    say(f"PodGroup train: minMember 4, scheduleTimeoutSeconds {TIMEOUT}; 4 workers x 2 GPUs")
+    create_group(api, "train", 4)
+    names = [f"train-{i}" for i in range(4)]
+    for i in range(4):
+        create(api, worker("train", i))
+    wait_for(lambda: len(waiting_at_permit(api, names)) >= 3, 30, "3 workers waiting at Permit")
+    ok("3 workers passed Filter and Reserve and wait at Permit, holding 6 GPUs; nothing bound")
+    if bound(api, "train"):
+        raise DemoFailed(f"workers bound before the group was complete: {bound(api, 'train')}")
+    say(f"the 4th fits nowhere; after {TIMEOUT}s the group times out at Permit")
+
+    def all_rejected() -> bool:
+        failed = notes(api, "FailedScheduling")
+        return all(
+            any("timeout" in m or "Unreserve" in m for m in failed.get(n, []))
+            for n in waiting_at_permit(api, names)
+        )
+
+    wait_for(all_rejected, 30, "the waiting workers to be rejected together")
+    allocated = [n for n in notes(api, "Allocate") if n.startswith("train")]
+    if bound(api, "train") or allocated:
+        raise DemoFailed("a worker was bound or allocated GPUs although the group timed out")
+    ok("all waiting workers rejected together (Unreserve): no pod bound, no GPU allocated")
+
+    say("delete blocker: now the whole group fits")
+    client.CoreV1Api(api).delete_namespaced_pod("blocker", NAMESPACE, grace_period_seconds=0)
+    wait_for(lambda: len(bound(api, "train")) == 4, 60, "all four workers bound")
+    times = [
+        e.event_time or e.last_timestamp
+        for e in client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items
+        if e.reason == "Scheduled" and e.involved_object.name.startswith("train")
+    ]
+    spread = (max(times) - min(times)).total_seconds() if len(times) == 4 else float("nan")
+    placement = bound(api, "train")
+    ok(f"all 4 workers bound within {spread:.1f}s of each other: {placement}")
+    wait_for(lambda: group_phase(api, "train") == "Running", 30, "PodGroup train Running")
+    ok("the PodGroup controller reports phase Running")
+    clear(api)
+
+
+def deadlock(api: client.ApiClient) -> None:
+    console.rule("2. two gangs that fit only one at a time")
+    say("jobs x and y, 4 workers x 2 GPUs each, submitted interleaved, to the default scheduler")
+    for i in range(4):
+        create(api, worker("x", i, "default-scheduler"))
+        create(api, worker("y", i, "default-scheduler"))
+    wait_for(lambda: len(bound(api)) == 4, 30, "the default scheduler to fill both nodes")
+    held = bound(api)
+    x, y = (sum(1 for n in held if n.startswith(g)) for g in ("x", "y"))
+    if (x, y) != (2, 2):
+        raise DemoFailed(f"expected the default scheduler to split the nodes 2+2, got {x}+{y}")
+    ok(f"deadlock: x holds {x} of 4 workers, y {y} of 4 - neither can ever start")
+    clear(api)
+
+    say("the same two jobs as PodGroups a and b for gpulab-scheduler, still interleaved")
+    create_group(api, "a", 4)
+    time.sleep(1)  # creation times have 1 s resolution; Coscheduling.Less sorts by them
+    create_group(api, "b", 4)
+    for i in range(4):
+        create(api, worker("a", i))
+        create(api, worker("b", i))
+    wait_for(lambda: len(bound(api, "a")) == 4, 60, "gang a bound whole")
+    failed = notes(api, "FailedScheduling")
+    if bound(api, "b") or not any(n.startswith("b-") for n in failed):
+        raise DemoFailed(f"gang b should wait whole: bound {bound(api, 'b')}")
+    ok("queue sort took gang a's workers together; a bound whole, b holds nothing")
+    say("gang a finishes (its pods are deleted)")
+    core = client.CoreV1Api(api)
+    for i in range(4):
+        core.delete_namespaced_pod(f"a-{i}", NAMESPACE, grace_period_seconds=0)
+    wait_for(lambda: len(bound(api, "b")) == 4, 60, "gang b bound whole")
+    ok("gang b bound whole once a was gone - one after the other, never half and half")
+
+
+def summary(api: client.ApiClient) -> None:
+    table = Table(title="PodGroups (as the PodGroup controller reports them)")
+    for col in ("PodGroup", "phase", "minMember", "running"):
+        table.add_column(col)
+    groups = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        apis.GROUP, apis.VERSION, NAMESPACE, apis.PODGROUPS.plural
+    )["items"]
+    for pg in groups:
+        status = pg.get("status") or {}
+        table.add_row(
+            pg["metadata"]["name"],
+            str(status.get("phase", "-")),
+            str(apis.min_member(pg)),
+            str(status.get("running", 0)),
+        )
+    console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.spec == "default":
+        args = argparse.Namespace(**{**vars(args), "spec": SPEC})
+    api, _ = ensure_cluster(args, addons=("scheduling",))
+    chapter(
+        "Scheduling framework - Coscheduling (gang scheduling)",
+        "gpulab-scheduler is kube-scheduler's framework with scheduler-plugins' Coscheduling:\n"
+        "pods labelled scheduling.x-k8s.io/pod-group wait at Permit until minMember of their\n"
+        "PodGroup got that far, then bind together - or are all rejected when the group's\n"
+        "timeout passes, so no job holds half the GPUs it needs.",
+    )
+    fresh_namespace(api, NAMESPACE)
+    with LiveTrace(api, NAMESPACE) as live:
+        all_or_nothing(api)
+        deadlock(api)
+        live.expect({"PreFilter", "Filter", "Reserve", "Permit", "WaitOnPermit", "Bind"})
+        wait_for(lambda: group_phase(api, "b") == "Running", 30, "PodGroup b Running")
+        summary(api)
+        say(f"done; deleting the pods of {NAMESPACE} so the other demos find free GPUs")
+        clear(api)
+    diagram = getattr(args, "diagram", None)
+    if diagram:
+        live.write_diagram(Path(diagram))
+    return 0

@@ -1,0 +1,346 @@
+"""Demo `volcano`: queues share the GPUs by weight; a gang binds whole; reclaim.
+
+Volcano's call chain, read back as it happens: every second vc-scheduler opens a
+session (``OpenSession``: the snapshot, each plugin's ``OnSessionOpen``), runs its
+actions (``enqueue`` lets a PodGroup into its queue, ``allocate`` places a gang's tasks
+and commits its Statement only when the whole gang fits, ``reclaim`` evicts from a queue
+over its share) and closes it (``CloseSession``: PodGroup status and queue allocations
+written back). The session lines come from the scheduler pod's log; the Job and PodGroup
+Events from the job controller and the scheduler.
+
+Story, on 16 GPUs (two 8-GPU nodes): team-a (weight 1) fills them with an elastic job;
+team-b (weight 3) submits a 4-task gang that waits Inqueue until all 4 fit; reclaim takes
+team-b's share back from team-a (team-a's job restarts, as its PodEvicted policy says);
+the gang binds in one session; the shares end 1:3; a job larger than team-c's queue
+capability stays Pending with the gang message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from rich.table import Table
+
+from demos.common import DemoFailed, chapter, console, ensure_cluster, fresh_namespace, ok, say
+from gpulab import informer, trace
+from gpulab.volcano import apis
+from gpulab.volcano import objects as vo
+from gpulab.volcano.client import VolcanoClient, condition, gpus, phase
+from gpulab.wait import wait_for
+
+TEAM_A, TEAM_B, TEAM_C = "demo-volcano-a", "demo-volcano-b", "demo-volcano-c"
+QUEUE_A, QUEUE_B, QUEUE_C = "demo-team-a", "demo-team-b", "demo-team-c"
+SESSION_STEPS = ("OpenSession", "enqueue", "allocate", "backfill", "reclaim", "preempt")
+SESSION_STEPS += ("CloseSession",)
+RESTART_ON_EVICT = {"event": apis.POD_EVICTED_EVENT, "action": apis.RESTART_JOB}
+
+Obj = dict[str, Any]
+
+
+def a_train() -> Obj:
+    """team-a's elastic job: 8 x 2 GPUs, runs with 2, restarts when a pod is evicted."""
+    return vo.vcjob(
+        "a-train",
+        [vo.task("worker", 8, gpus=2, seconds=3600)],
+        queue=QUEUE_A,
+        min_available=2,
+        policies=[RESTART_ON_EVICT],
+    )
+
+
+def b_gang() -> Obj:
+    """team-b's gang: 4 tasks x 3 GPUs, all or nothing."""
+    return vo.vcjob("b-gang", [vo.task("worker", 4, gpus=3, seconds=3600)], queue=QUEUE_B)
+
+
+def c_big() -> Obj:
+    """team-c's job: 2 x 4 GPUs, more than the 4 GPUs team-c's queue may hold."""
+    return vo.vcjob("c-big", [vo.task("worker", 2, gpus=4, seconds=3600)], queue=QUEUE_C)
+
+
+# -- narration -----------------------------------------------------------------------------
+
+
+# Events the session lines already tell (the scheduler's per-PodGroup decisions)
+TOLD_BY_SESSION = ("Enqueue", "Allocate", "Reclaim", "Backfill", "Unschedulable", "Scheduled")
+
+
+class Narrator:
+    """Prints, while the story runs: the scheduler's session lines (from its pod's log),
+    each vcjob's phase changes, and the new Job / PodGroup Events not told already."""
+
+    def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...]) -> None:
+        self.api = api
+        self.namespaces = namespaces
+        self.steps: list[tuple[str, str]] = []  # (step, message)
+        self.events: list[trace.TraceEvent] = []
+        self._stop = threading.Event()
+        self._informers: list[informer.Informer] = []
+        self._log: Any = None
+
+    def __enter__(self) -> Narrator:
+        for ns in self.namespaces:
+            events = informer.Handlers(on_add=self._event)
+            self._informers.append(informer.Informer(trace.events(self.api, ns), events).start())
+            lw = informer.ListWatch(self.api, apis.JOBS, namespace=ns)
+            self._informers.append(
+                informer.Informer(lw, informer.Handlers(on_update=self._job)).start()
+            )
+        threading.Thread(target=self._follow_scheduler, name="scheduler-log", daemon=True).start()
+        return self
+
+    def _job(self, old: Obj, new: Obj) -> None:
+        before = ((old.get("status") or {}).get("state") or {}).get("phase")
+        status = new.get("status") or {}
+        now = (status.get("state") or {}).get("phase")
+        if before == now or not now:
+            return
+        meta = new["metadata"]
+        console.print(
+            f"  [magenta]{'vcjob':<12}[/magenta] "
+            f"[bold yellow]{before or '-'} -> {now}[/bold yellow]"
+            f" {meta['namespace']}/{meta['name']} (running {status.get('running', 0)}, "
+            f"retryCount {status.get('retryCount', 0)})"
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for inf in self._informers:
+            inf.stop()
+        if self._log is not None:
+            with contextlib.suppress(Exception):
+                self._log.release_conn()
+
+    def _event(self, obj: Obj) -> None:
+        ev = trace.to_trace_event(obj)
+        self.events.append(ev)
+        if not ev.regarding.startswith(("Job ", "PodGroup ")) or ev.step in TOLD_BY_SESSION:
+            return  # per-pod Events and the scheduler's decisions: the session lines tell them
+        console.print("    " + trace.render_line(ev))
+
+    def _follow_scheduler(self) -> None:
+        core = client.CoreV1Api(self.api)
+        pods = core.list_namespaced_pod("volcano-system", label_selector="app=volcano-scheduler")
+        if not pods.items:
+            return
+        self._log = core.read_namespaced_pod_log(
+            pods.items[0].metadata.name,
+            "volcano-system",
+            follow=True,
+            since_seconds=1,
+            _preload_content=False,
+        )
+        for line in self._lines():
+            if self._stop.is_set():
+                return
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("step") in SESSION_STEPS and rec.get("object") is None:
+                message = str(rec.get("message", ""))
+                if not any(ns in message for ns in self.namespaces) and rec["step"] not in (
+                    "OpenSession",
+                    "CloseSession",
+                ):
+                    continue
+                self.steps.append((rec["step"], message))
+                colour = (
+                    "bold blue" if rec["step"] in ("OpenSession", "CloseSession") else "bold cyan"
+                )
+                console.print(
+                    f"  [magenta]vc-scheduler[/magenta] "
+                    f"[{colour}]{rec['step']:<13}[/{colour}] {message}"
+                )
+
+    def _lines(self) -> Iterator[str]:
+        pending = b""
+        with contextlib.suppress(Exception):
+            for chunk in self._log.stream(4096):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace")
+
+    def saw(self, step: str, text: str = "") -> bool:
+        return any(s == step and text in m for s, m in self.steps)
+
+
+# -- the story -----------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    api, _spec = ensure_cluster(args, addons=("volcano",))
+    vc = VolcanoClient(api)
+    chapter(
+        "Volcano - sessions, queues and gangs",
+        "vc-scheduler runs one session per second: OpenSession -> enqueue -> allocate -> "
+        "backfill -> reclaim -> CloseSession.\nThree queues share two 8-GPU nodes: "
+        f"{QUEUE_A} (weight 1), {QUEUE_B} (weight 3), {QUEUE_C} (capability 4 GPUs).",
+    )
+    for ns in (TEAM_A, TEAM_B, TEAM_C):
+        fresh_namespace(api, ns)
+    _queues(vc)
+    with Narrator(api, (TEAM_A, TEAM_B, TEAM_C)) as narrator:
+        say(
+            f"team-a submits a-train: 8 tasks x 2 GPUs, runs with 2 (minAvailable), queue {QUEUE_A}"
+        )
+        vc.create_job(TEAM_A, a_train())
+        wait_for(lambda: vc.bound(TEAM_A, "a-train") == 8, 60, "a-train's 8 pods to be bound")
+        wait_for(lambda: _allocated(vc, QUEUE_A) == 16, 30, f"{QUEUE_A} to account 16 GPUs")
+        ok(f"team-b is idle, so {QUEUE_A} deserves (and holds) all 16 GPUs")
+
+        say(f"team-b submits b-gang: a gang of 4 tasks x 3 GPUs in {QUEUE_B}")
+        vc.create_job(TEAM_B, b_gang())
+        seen = wait_for(
+            lambda: _inqueue_unbound(vc),
+            60,
+            "b-gang's PodGroup to be Inqueue with its pods waiting",
+        )
+        ok(f"b-gang is Inqueue and none of its 4 pods is bound: {seen}")
+        wait_for(lambda: vc.bound(TEAM_B, "b-gang") == 4, 90, "b-gang's 4 pods to be bound")
+        wait_for(lambda: narrator.saw("allocate", "4 task(s)"), 20, "the allocate line for b-gang")
+        ok("reclaim evicted team-a's tasks over its share; b-gang's 4 pods bound in one session")
+        wait_for(
+            lambda: (
+                vc.job_phase(TEAM_A, "a-train") == apis.JOB_RUNNING
+                and vc.bound(TEAM_A, "a-train") == 2
+            ),
+            90,
+            "a-train to restart and run again with its share",
+        )
+        a, b = _allocated(vc, QUEUE_A), _allocated(vc, QUEUE_B)
+        if (a, b) != (4, 12):
+            raise DemoFailed(f"queues hold {a} and {b} GPUs; expected 4 and 12 (weights 1:3)")
+        retries = (vc.job(TEAM_A, "a-train") or {})["status"].get("retryCount")
+        ok(
+            f"a-train restarted (retryCount {retries}, policy PodEvicted -> RestartJob); "
+            f"shares now {a}:{b} GPUs = 1:3"
+        )
+
+        say(f"team-c submits c-big: 2 tasks x 4 GPUs, but {QUEUE_C} may hold 4 GPUs")
+        vc.create_job(TEAM_C, c_big())
+        pg = wait_for(lambda: _unschedulable(vc), 30, "c-big's PodGroup to report why it waits")
+        if vc.job_phase(TEAM_C, "c-big") != apis.JOB_PENDING or phase(pg) != apis.PG_PENDING:
+            raise DemoFailed("c-big should stay Pending")
+        ok("c-big stays Pending: its PodGroup is never let into the queue")
+        _expect(narrator)
+        _table(vc)
+    diagram = getattr(args, "diagram", None)
+    if diagram:
+        Path(diagram).write_text(trace.sequence_diagram(narrator.events))
+        say(f"sequence diagram of this run written to {diagram}")
+    console.rule("[bold]outcome")
+    ok("a gang is all or nothing: the Statement is committed only when JobReady")
+    ok(
+        "queues share by weight (proportion's deserved); "
+        "reclaim takes back from an over-share queue"
+    )
+    ok("a job larger than its queue's capability stays Pending, with the gang message")
+    say(f"look around: gpulab kubectl --spec {args.spec} get queues,vcjob,podgroups -A")
+    return 0
+
+
+def _queues(vc: VolcanoClient) -> None:
+    """The demo's queues, made afresh (a rerun deletes the old ones)."""
+    for name in (QUEUE_A, QUEUE_B, QUEUE_C):
+        vc.delete_queue(name)
+        wait_for(lambda n=name: vc.queue(n) is None, 30, f"queue {name} to be deleted")
+    vc.create_queue(vo.queue(QUEUE_A, 1))
+    vc.create_queue(vo.queue(QUEUE_B, 3))
+    vc.create_queue(vo.queue(QUEUE_C, 1, capability={"nvidia.com/gpu": 4}))
+    for name in (QUEUE_A, QUEUE_B, QUEUE_C):
+        wait_for(
+            lambda n=name: (
+                ((vc.queue(n) or {}).get("status") or {}).get("state") == apis.QUEUE_OPEN
+            ),
+            30,
+            f"queue {name} to be Open",
+        )
+    ok(f"queues {QUEUE_A} (weight 1), {QUEUE_B} (weight 3), {QUEUE_C} (4 GPUs) are Open")
+
+
+def _restarted(vc: VolcanoClient) -> bool:
+    job = vc.job(TEAM_A, "a-train") or {}
+    status = job.get("status") or {}
+    return (
+        int(status.get("retryCount") or 0) >= 1
+        and (status.get("state") or {}).get("phase") == apis.JOB_RUNNING
+        and vc.bound(TEAM_A, "a-train") == 2
+        and _allocated(vc, QUEUE_A) == 4
+    )
+
+
+def _allocated(vc: VolcanoClient, queue: str) -> int:
+    return gpus(((vc.queue(queue) or {}).get("status") or {}).get("allocated"))
+
+
+def _inqueue_unbound(vc: VolcanoClient) -> str | None:
+    pg = vc.pod_group(TEAM_B, "b-gang")
+    pods = vc.pods(TEAM_B, "b-gang")
+    if phase(pg) != apis.PG_INQUEUE or len(pods) != 4 or any(p.spec.node_name for p in pods):
+        return None
+    cond = condition(pg, apis.PG_UNSCHEDULABLE_TYPE)
+    message = (cond or {}).get("message") or ""
+    return message if message.startswith("4/4 tasks in gang unschedulable") else None
+
+
+def _unschedulable(vc: VolcanoClient) -> Obj | None:
+    pg = vc.pod_group(TEAM_C, "c-big")
+    return pg if pg is not None and phase(pg) == apis.PG_PENDING and _gang_event(vc) else None
+
+
+def _gang_event(vc: VolcanoClient) -> bool:
+    """Both reasons on c-big's PodGroup: enqueue's quota message and the gang message."""
+    events = client.CoreV1Api(vc.api).list_namespaced_event(TEAM_C).items
+    wanted = ("queue resource quota insufficient", "tasks in gang unschedulable")
+    found = {
+        w: ev
+        for ev in events
+        for w in wanted
+        if ev.involved_object.kind == "PodGroup" and w in (ev.message or "")
+    }
+    if len(found) < len(wanted):
+        return False
+    for w in wanted:
+        ok(f"PodGroup Event {found[w].type} {found[w].reason}: {found[w].message}")
+    return True
+
+
+def _expect(narrator: Narrator) -> None:
+    wanted = ("OpenSession", "enqueue", "allocate", "reclaim", "CloseSession")
+    wait_for(
+        lambda: all(any(s == w for s, _ in narrator.steps) for w in wanted),
+        20,
+        f"session steps {wanted} in the scheduler's trace",
+    )
+
+
+def _table(vc: VolcanoClient) -> None:
+    table = Table(
+        title="Queues (status.allocated; PodGroups by phase as vcctl queue get counts them)"
+    )
+    for col in ("queue", "weight", "state", "GPUs allocated", "Inqueue", "Pending", "Running"):
+        table.add_column(col)
+    groups = vc.pod_groups()
+    for name in (QUEUE_A, QUEUE_B, QUEUE_C):
+        q = vc.queue(name) or {}
+        mine = [g for g in groups if (g.get("spec") or {}).get("queue") == name]
+        count = lambda p, mine=mine: str(sum(1 for g in mine if phase(g) == p))  # noqa: E731
+        table.add_row(
+            name,
+            str(q.get("spec", {}).get("weight")),
+            str(q.get("status", {}).get("state")),
+            str(gpus(q.get("status", {}).get("allocated"))),
+            count(apis.PG_INQUEUE),
+            count(apis.PG_PENDING),
+            count(apis.PG_RUNNING),
+        )
+    console.print(table)

@@ -1,0 +1,367 @@
+"""The scheduler process: informers feed the cache and the queue; one loop schedules.
+
+Mirrors kubernetes v1.36.3 ``pkg/scheduler/scheduler.go`` (``New`` builds a framework per
+profile, ``Run`` starts the queue's flush loops and calls ``ScheduleOne`` until stopped)
+and ``eventhandlers.go`` (``addAllEventHandlers``: unscheduled pods of our profiles go to
+the queue, bound pods and nodes to the cache, and each change is a cluster event that may
+move unschedulable pods; a deleted pod waiting at Permit is rejected). The pod informer
+leaves finished pods out (``status.phase!=Succeeded,status.phase!=Failed``), as upstream's.
+
+This is the I/O edge of gpulab/framework: list+watch through gpulab.informer, Events
+through the events.k8s.io API (reportingController = the profile's scheduler name, as
+kube-scheduler's recorder), the pod's PodScheduled condition through the status
+subresource, Bindings through gpulab.framework.binding.
+
+Lab differences: no leader election, no metrics or healthz endpoints; custom resources
+a plugin watches are named in events as upstream's ``<plural>.<version>.<group>``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import http.server
+import logging
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+
+from gpulab.framework.binding import KubeBinder
+from gpulab.framework.cache import Cache
+from gpulab.framework.config import SchedulerConfiguration
+from gpulab.framework.interface import (
+    EVENT_ASSIGNED_POD_ADD,
+    EVENT_ASSIGNED_POD_DELETE,
+    NODE,
+    ActionType,
+    ClusterEvent,
+    node_update_events,
+)
+from gpulab.framework.queue import SchedulingQueue
+from gpulab.framework.runtime import Framework, Registry
+from gpulab.framework.schedule_one import Scheduler
+from gpulab.framework.snapshot import holds_node, pod_key
+from gpulab.informer import (
+    NODES,
+    PODS,
+    Handlers,
+    Informer,
+    ListWatch,
+    Resource,
+    Store,
+    resource_version,
+)
+from gpulab.trace import Tracer
+
+_log = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+SYNC_TIMEOUT = 60.0
+NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def event_resource(resource: Resource) -> str:
+    """How upstream names a custom resource in ClusterEvents."""
+    return f"{resource.plural}.{resource.version}.{resource.group}"
+
+
+class SchedulerInformers:
+    """The informers of one scheduler process; plugins add theirs (and handlers on the
+    scheduler's own, as upstream plugins do on the shared informer factory)."""
+
+    def __init__(self, api: client.ApiClient, on_event: Any) -> None:
+        self.api = api
+        self._on_event = on_event
+        self._informers: dict[Resource, Informer] = {}
+        self._extra: dict[Resource, list[Handlers]] = {}
+
+    def add(self, informer: Informer) -> Informer:
+        """Register ``informer``; handlers added later through :meth:`store` run after its
+        own."""
+        resource = informer.lw.resource
+        own = informer.handlers
+        extra = self._extra.setdefault(resource, [])
+
+        def fan_out(attr: str) -> Any:
+            def call(*objs: Obj) -> None:
+                for h in (own, *extra):
+                    fn = getattr(h, attr)
+                    if fn is not None:
+                        fn(*objs)
+
+            return call
+
+        informer.handlers = Handlers(fan_out("on_add"), fan_out("on_update"), fan_out("on_delete"))
+        self._informers[resource] = informer
+        return informer
+
+    def store(self, resource: Resource, handlers: Handlers | None = None) -> Store:
+        """The store of ``resource`` (an informer is created for a custom resource, whose
+        adds, updates and deletes become cluster events), plus ``handlers`` to call."""
+        if resource not in self._informers:
+            name = event_resource(resource)
+
+            def emit(action: ActionType, label: str) -> None:
+                self._on_event(ClusterEvent(name, action, f"{name}{label}"))
+
+            def updated(old: Obj, new: Obj) -> None:
+                if resource_version(old) != resource_version(new):
+                    emit(ActionType.UPDATE, "Update")
+
+            events = Handlers(
+                on_add=lambda _o: emit(ActionType.ADD, "Add"),
+                on_update=updated,
+                on_delete=lambda _o: emit(ActionType.DELETE, "Delete"),
+            )
+            self.add(Informer(ListWatch(self.api, resource), events, name=f"informer-{name}"))
+        if handlers is not None:
+            self._extra[resource].append(handlers)
+        return self._informers[resource].store
+
+    def start(self) -> None:
+        for informer in self._informers.values():
+            informer.start()
+
+    def wait_for_sync(self, timeout: float) -> list[str]:
+        """Resources whose first listing has not arrived within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        return [
+            r.plural
+            for r, inf in self._informers.items()
+            if not inf.wait_for_sync(max(0.0, deadline - time.monotonic()))
+        ]
+
+    def stop(self) -> None:
+        for informer in self._informers.values():
+            informer.stop()
+
+
+class KubeSchedulerIO:
+    """SchedulerIO over the API server: Events posted from a background thread (the
+    scheduling loop never waits for them), the PodScheduled condition patched."""
+
+    def __init__(self, api: client.ApiClient, pods: Store) -> None:
+        self._core = client.CoreV1Api(api)
+        self._events = client.EventsV1Api(api)
+        self._pods = pods
+        self._poster = concurrent.futures.ThreadPoolExecutor(1, "scheduler-events")
+        self._host = socket.gethostname()
+
+    def current_pod(self, pod: Obj) -> Obj | None:
+        return self._pods.get(pod_key(pod))
+
+    def record_event(
+        self, fwk: Framework, pod: Obj, reason: str, action: str, note: str, warning: bool
+    ) -> None:
+        meta = pod.get("metadata") or {}
+        now = dt.datetime.now(dt.UTC)
+        body = client.EventsV1Event(
+            metadata=client.V1ObjectMeta(
+                name=f"{meta.get('name')}.{time.time_ns():x}", namespace=meta.get("namespace")
+            ),
+            event_time=now,
+            reporting_controller=fwk.profile_name,
+            reporting_instance=f"{fwk.profile_name}-{self._host}"[:128],
+            action=action,
+            reason=reason,
+            type="Warning" if warning else "Normal",
+            note=note[:1024],
+            regarding=client.V1ObjectReference(
+                kind="Pod",
+                api_version="v1",
+                name=meta.get("name"),
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
+            ),
+        )
+        _log.info("%s %s: %s", reason, pod_key(pod), note)
+        self._poster.submit(self._post, body)
+
+    def _post(self, body: client.EventsV1Event) -> None:
+        try:
+            self._events.create_namespaced_event(body.metadata.namespace, body)
+        except Exception as exc:  # the API server may be away; never stop scheduling
+            _log.warning("could not post Event %s: %s", body.reason, exc)
+
+    def update_pod_condition(self, pod: Obj, condition: Mapping[str, str]) -> None:
+        meta = pod.get("metadata") or {}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"status": {"conditions": [{**condition, "lastTransitionTime": now}]}}
+        self._core.patch_namespaced_pod_status(
+            meta["name"],
+            meta["namespace"],
+            body,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+
+def serve_healthz(sock: socket.socket, ready: threading.Event) -> http.server.HTTPServer:
+    """/healthz (and /readyz): 200 once the informers have synced, else 503 (what
+    kube-scheduler's health endpoints answer; plain HTTP here)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path not in ("/healthz", "/readyz"):
+                self.send_error(404)
+                return
+            ok = ready.is_set()
+            body = b"ok" if ok else b"informers not synced"
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # probes every few seconds: no noise
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        sock.getsockname()[:2], Handler, bind_and_activate=False
+    )
+    server.socket.close()
+    server.socket = sock
+    server.server_activate()
+    threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
+    return server
+
+
+class SchedulerProcess:
+    """Everything one ``gpulab scheduler`` runs: informers, frameworks, queue, loops."""
+
+    def __init__(
+        self,
+        config: SchedulerConfiguration,
+        registry: Registry,
+        api: client.ApiClient,
+        component: str,
+    ) -> None:
+        self.api = api
+        self.stop_event = threading.Event()
+        self.ready = threading.Event()
+        self.informers = SchedulerInformers(api, self._on_cluster_event)
+        self.cache = Cache()
+        self.tracer = Tracer(component, api)
+        # the scheduler's own informers first: plugins add handlers to them
+        pods = self.informers.add(
+            Informer(
+                ListWatch(api, PODS, field_selector=NOT_FINISHED),
+                Handlers(self._pod_added, self._pod_updated, self._pod_deleted),
+                name="informer-pods",
+            )
+        )
+        self.informers.add(
+            Informer(
+                ListWatch(api, NODES),
+                Handlers(self._node_added, self._node_updated, self._node_deleted),
+                name="informer-nodes",
+            )
+        )
+        binder = KubeBinder(api)
+        self.profiles: dict[str, Framework] = {}
+        waiting = None
+        for profile in config.profiles:
+            fwk = Framework(
+                profile,
+                registry,
+                informers=self.informers,
+                binder=binder,
+                tracer=self.tracer,
+                waiting_pods=waiting,
+            )
+            waiting = fwk.waiting_pods  # one waitingPods map shared by all profiles
+            self.profiles[profile.scheduler_name] = fwk
+        first = next(iter(self.profiles.values()))
+        events = [e for fwk in self.profiles.values() for e in fwk.EventsToRegister()]
+        self.queue = SchedulingQueue(
+            first.QueueSortFunc(),
+            events,
+            config.pod_initial_backoff_seconds,
+            config.pod_max_backoff_seconds,
+        )
+        self.scheduler = Scheduler(
+            self.profiles,
+            self.queue,
+            self.cache,
+            KubeSchedulerIO(api, pods.store),
+            config.percentage_of_nodes_to_score,
+        )
+
+    # ------------------------------------------------------------------ event handlers
+
+    def _responsible(self, pod: Obj) -> bool:
+        return (pod.get("spec") or {}).get("schedulerName") in self.profiles
+
+    def _on_cluster_event(self, event: ClusterEvent) -> None:
+        moved = self.queue.MoveAllToActiveOrBackoffQueue(event)
+        if moved:
+            _log.debug("%s moved %s", event, moved)
+
+    def _pod_added(self, pod: Obj) -> None:
+        if holds_node(pod):
+            self.cache.AddPod(pod)
+            self._on_cluster_event(EVENT_ASSIGNED_POD_ADD)
+        elif self._responsible(pod):
+            self.queue.Add(pod)
+
+    def _pod_updated(self, old: Obj, new: Obj) -> None:
+        if resource_version(old) == resource_version(new):
+            return
+        if holds_node(new):
+            if not holds_node(old):  # just bound: it leaves the queue, joins the cache
+                self.queue.Delete(old)
+                self.cache.AddPod(new)
+                self._on_cluster_event(EVENT_ASSIGNED_POD_ADD)
+            else:
+                self.cache.UpdatePod(old, new)
+        elif self._responsible(new) and not self.cache.IsAssumedPod(new):
+            self.queue.Update(old, new)
+
+    def _pod_deleted(self, pod: Obj) -> None:
+        if holds_node(pod) or (pod.get("spec") or {}).get("nodeName"):
+            self.cache.RemovePod(pod)
+            self._on_cluster_event(EVENT_ASSIGNED_POD_DELETE)
+            return
+        if self._responsible(pod):
+            self.queue.Delete(pod)
+            fwk = self.profiles[pod["spec"]["schedulerName"]]
+            fwk.RejectWaitingPod(str(pod.get("metadata", {}).get("uid")))
+
+    def _node_added(self, node: Obj) -> None:
+        self.cache.AddNode(node)
+        self._on_cluster_event(ClusterEvent(NODE, ActionType.ADD, "NodeAdd"))
+
+    def _node_updated(self, old: Obj, new: Obj) -> None:
+        self.cache.UpdateNode(new)
+        for event in node_update_events(old, new):
+            self._on_cluster_event(event)
+
+    def _node_deleted(self, node: Obj) -> None:
+        self.cache.RemoveNode(node)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> None:
+        """Sync the informers, then schedule until :meth:`stop`."""
+        self.informers.start()
+        missing = self.informers.wait_for_sync(SYNC_TIMEOUT)
+        if missing:
+            _log.warning("informers not synced after %.0fs: %s", SYNC_TIMEOUT, missing)
+        self.ready.set()
+        names = ", ".join(self.profiles)
+        self.tracer.step("Run", None, f"scheduling pods of {names}", profiles=list(self.profiles))
+        threading.Thread(target=self.queue.run, args=(self.stop_event,), daemon=True).start()
+        while not self.stop_event.is_set():
+            try:
+                self.scheduler.ScheduleOne(timeout=0.5)
+            except Exception:  # one pod's bug must not stop the scheduler
+                _log.exception("ScheduleOne failed")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.queue.Close()
+        self.informers.stop()
+        self.tracer.flush(timeout=2)

@@ -1,0 +1,234 @@
+"""Coscheduling end to end (harness/clusters/scheduling-e2e.yaml): PodGroups bind whole or
+not at all, checked continuously from a pod watch for every test; the gang deadlock of
+two groups that each fit alone resolves; bad input gets a clear status; restarts of the
+scheduler and of the API server never leave a partial gang.
+
+The gangs use the two T4 nodes (4 GPUs each): a gang of 4 workers x 2 GPUs fills both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import Cluster, fresh_namespace
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from scheduling_helpers import (
+    SCHEDULER,
+    GangWatch,
+    create_pod,
+    events_about,
+    scheduling_cluster,
+    wait_bound,
+    wait_event,
+)
+
+from gpulab.framework.objects import GPU, make_pod
+from gpulab.schedulerplugins import apis
+from gpulab.wait import WaitTimeout, wait_for
+
+T4 = {"gpulab.io/gpu-profile": "t4-x4"}
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from scheduling_cluster()
+
+
+@pytest.fixture
+def ns(cluster: Cluster) -> Iterator[str]:
+    with fresh_namespace(cluster.api, "gang") as name:
+        yield name
+
+
+def create_group(api: client.ApiClient, ns: str, name: str, members: int, **kw: Any) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        apis.GROUP,
+        apis.VERSION,
+        ns,
+        apis.PODGROUPS.plural,
+        apis.pod_group(name, ns, members, **kw),
+    )
+
+
+def worker(ns: str, group: str, i: int, scheduler: str = SCHEDULER) -> Obj:
+    return make_pod(
+        f"{group}-{i}",
+        ns,
+        requests={GPU: 2},
+        scheduler=scheduler,
+        node_selector=T4,
+        labels={apis.POD_GROUP_LABEL: group},
+    )
+
+
+def blocker(api: client.ApiClient, ns: str) -> None:
+    """2 of gpu-t4-0's GPUs taken by a pod of the default scheduler: 3 workers fit."""
+    create_pod(
+        api,
+        make_pod(
+            "blocker", ns, requests={GPU: 2}, node_selector={"kubernetes.io/hostname": "gpu-t4-0"}
+        ),
+    )
+    wait_bound(api, ns, "blocker")
+
+
+def permit_waits(api: client.ApiClient, ns: str, names: list[str]) -> set[str]:
+    """The pods whose trace shows Coscheduling asked them to wait at Permit."""
+    return {
+        n
+        for n in names
+        if any("Coscheduling: Wait" in e["message"] for e in events_about(api, ns, n, "Permit"))
+    }
+
+
+def rejected(api: client.ApiClient, ns: str, names: list[str], why: tuple[str, ...]) -> set[str]:
+    return {
+        n
+        for n in names
+        if any(w in e["message"] for e in events_about(api, ns, n, "FailedScheduling") for w in why)
+    }
+
+
+def test_gang_waits_at_permit_times_out_whole_then_binds_whole(cluster: Cluster, ns: str) -> None:
+    api = cluster.api
+    blocker(api, ns)
+    names = [f"train-{i}" for i in range(4)]
+    with GangWatch(api, ns, {"train": 4}) as watch:
+        create_group(api, ns, "train", 4, schedule_timeout_seconds=6)
+        for i in range(4):
+            create_pod(api, worker(ns, "train", i))
+        # three fit and wait at Permit, holding their GPUs; the fourth fits nowhere
+        wait_for(lambda: len(permit_waits(api, ns, names)) >= 3, 30, "3 workers waiting at Permit")
+        assert watch.count("train") == 0
+        # after the group's 6 s timeout every waiting worker is rejected together
+        wait_for(
+            lambda: len(rejected(api, ns, names, ("timeout", "rejection in Unreserve"))) >= 3,
+            30,
+            "the waiting workers to be rejected after the timeout",
+        )
+        assert watch.count("train") == 0
+        # a node frees up: all four bind at once
+        client.CoreV1Api(api).delete_namespaced_pod("blocker", ns, grace_period_seconds=0)
+        wait_for(lambda: watch.count("train") == 4, 60, "all 4 workers bound")
+        watch.assert_never_partial()
+    pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        apis.GROUP, apis.VERSION, ns, apis.PODGROUPS.plural, "train"
+    )
+    assert pg["status"]["phase"] in ("Scheduling", "Running")
+    wait_for(
+        lambda: (
+            client.CustomObjectsApi(api)
+            .get_namespaced_custom_object(
+                apis.GROUP, apis.VERSION, ns, apis.PODGROUPS.plural, "train"
+            )["status"]
+            .get("phase")
+            == "Running"
+        ),
+        30,
+        "PodGroup train Running",
+    )
+
+
+def test_two_gangs_that_fit_only_alone_do_not_deadlock(cluster: Cluster, ns: str) -> None:
+    api = cluster.api
+    core = client.CoreV1Api(api)
+    # positive control: without gang scheduling the same pods deadlock - the default
+    # scheduler binds whatever fits, each job gets half its workers, and the watch that
+    # guards the real run below reports it
+    with GangWatch(api, ns, {"x": 4, "y": 4}) as control:
+        for i in range(4):
+            for group in ("x", "y"):
+                create_pod(api, worker(ns, group, i, scheduler="default-scheduler"))
+        wait_for(
+            lambda: control.count("x") + control.count("y") == 4,
+            30,
+            "the default scheduler to fill both T4 nodes",
+        )
+        assert (control.count("x"), control.count("y")) == (2, 2)
+        wait_for(
+            lambda: control.partial_spans("x") and control.partial_spans("y"),
+            15,
+            "the watch to flag both half-bound jobs",
+        )
+    core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "the control pods to go")
+
+    with GangWatch(api, ns, {"a": 4, "b": 4}) as watch:
+        create_group(api, ns, "a", 4, schedule_timeout_seconds=30)
+        create_group(api, ns, "b", 4, schedule_timeout_seconds=30)
+        for i in range(4):  # interleaved, as two jobs submitted at the same time
+            create_pod(api, worker(ns, "a", i))
+            create_pod(api, worker(ns, "b", i))
+        wait_for(
+            lambda: {watch.count("a"), watch.count("b")} == {0, 4},
+            60,
+            "one gang bound whole, the other not at all",
+        )
+        first = "a" if watch.count("a") == 4 else "b"
+        second = "b" if first == "a" else "a"
+        with pytest.raises(WaitTimeout):  # the second must not get a single pod meanwhile
+            wait_for(lambda: watch.count(second) > 0, 5, f"a pod of gang {second} bound")
+        for i in range(4):
+            core.delete_namespaced_pod(f"{first}-{i}", ns, grace_period_seconds=0)
+        wait_for(lambda: watch.count(second) == 4, 60, f"gang {second} bound whole")
+        watch.assert_never_partial()
+
+
+def test_bad_input_is_refused_or_reported_and_scheduling_goes_on(cluster: Cluster, ns: str) -> None:
+    api = cluster.api
+    for bad in (0, -1):
+        with pytest.raises(ApiException) as err:
+            create_group(api, ns, f"bad{bad + 1}", bad)
+        assert err.value.status == 422
+        assert "spec.minMember" in err.value.body and "greater than or equal to 1" in err.value.body
+    orphan = make_pod("orphan", ns, scheduler=SCHEDULER, labels={apis.POD_GROUP_LABEL: "nope"})
+    create_pod(api, orphan)
+    event = wait_event(api, ns, "orphan", "FailedScheduling")
+    assert event["message"] == "0/1 nodes are available: 1 PodGroup not found."
+    # the scheduler keeps scheduling the others
+    create_pod(api, make_pod("plain", ns, scheduler=SCHEDULER, requests={"cpu": "1"}))
+    wait_bound(api, ns, "plain")
+    # the group appears: its PodGroup Add event requeues the orphan, which binds
+    create_group(api, ns, "nope", 1)
+    wait_bound(api, ns, "orphan")
+    # a group without minMember is every pod for itself: the controller says so
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        apis.GROUP,
+        apis.VERSION,
+        ns,
+        apis.PODGROUPS.plural,
+        {
+            "apiVersion": apis.API_VERSION,
+            "kind": "PodGroup",
+            "metadata": {"name": "unset", "namespace": ns},
+            "spec": {},
+        },
+    )
+    ev = wait_event(api, ns, "unset", "MinMemberNotSet")
+    assert "set minMember >= 1" in ev["message"]
+
+
+def test_restarts_of_the_scheduler_and_the_api_server_never_bind_a_partial_gang(
+    cluster: Cluster, ns: str
+) -> None:
+    api = cluster.api
+    local = cluster.local
+    blocker(api, ns)
+    names = [f"job-{i}" for i in range(4)]
+    with GangWatch(api, ns, {"job": 4}) as watch:
+        create_group(api, ns, "job", 4, schedule_timeout_seconds=60)
+        for i in range(4):
+            create_pod(api, worker(ns, "job", i))
+        wait_for(lambda: len(permit_waits(api, ns, names)) >= 3, 30, "3 workers at Permit")
+        # the scheduler dies with 3 pods waiting: nothing was bound, nothing may be
+        local.restart(SCHEDULER)  # its pod deleted: the Deployment starts a new one
+        local.restart_process("kube-apiserver")
+        local.wait_http(f"{local.server}/readyz", "kube-apiserver")
+        assert watch.count("job") == 0
+        client.CoreV1Api(api).delete_namespaced_pod("blocker", ns, grace_period_seconds=0)
+        wait_for(lambda: watch.count("job") == 4, 90, "all 4 workers bound after the restarts")
+        watch.assert_never_partial()

@@ -1,0 +1,293 @@
+"""Coscheduling and the PodGroup controller (pure: fake informers, binder and IO)."""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from gpulab.framework import config
+from gpulab.framework.cache import Cache
+from gpulab.framework.interface import QueuedPodInfo
+from gpulab.framework.objects import GPU, make_node, make_pod
+from gpulab.framework.queue import SchedulingQueue
+from gpulab.framework.runtime import Framework, FrameworkError
+from gpulab.framework.schedule_one import Scheduler
+from gpulab.framework.snapshot import PodInfo, new_snapshot
+from gpulab.informer import PODS, Handlers, Resource, Store, key_of
+from gpulab.schedulerplugins import apis
+from gpulab.schedulerplugins.commands import registry
+from gpulab.schedulerplugins.controllers.podgroup import next_status
+from gpulab.schedulerplugins.coscheduling.core import check_cluster_resource
+from gpulab.trace import Tracer
+
+NAME = "gpulab-scheduler"
+NS = "default"
+
+
+class FakeInformers:
+    def __init__(self) -> None:
+        self.stores: dict[Resource, Store] = {}
+        self.handlers: dict[Resource, list[Handlers]] = {}
+
+    def store(self, resource: Resource, handlers: Handlers | None = None) -> Store:
+        if handlers is not None:
+            self.handlers.setdefault(resource, []).append(handlers)
+        return self.stores.setdefault(resource, Store())
+
+    def add(self, resource: Resource, obj: dict) -> None:
+        self.store(resource).apply("ADDED", obj)
+        for h in self.handlers.get(resource, []):
+            if h.on_add:
+                h.on_add(obj)
+
+
+class FakeBinder:
+    def __init__(self) -> None:
+        self.bound: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> None:
+        with self.lock:
+            self.bound[pod["metadata"]["name"]] = node
+
+
+class FakeIO:
+    def __init__(self, informers: FakeInformers) -> None:
+        self.informers = informers
+        self.events: list[tuple[str, str, str]] = []
+
+    def current_pod(self, pod: Mapping[str, Any]) -> dict | None:
+        return self.informers.store(PODS).get(key_of(pod))
+
+    def record_event(
+        self, fwk: Any, pod: Any, reason: str, action: str, note: str, warning: bool
+    ) -> None:
+        self.events.append((pod["metadata"]["name"], reason, note))
+
+    def update_pod_condition(self, pod: Any, condition: Mapping[str, str]) -> None:
+        pass
+
+
+PROFILE = {
+    "schedulerName": NAME,
+    "plugins": {
+        "multiPoint": {
+            "enabled": [{"name": "Coscheduling"}],
+            "disabled": [{"name": "PrioritySort"}],
+        }
+    },
+    "pluginConfig": [{"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 5}}],
+}
+
+
+def build(
+    nodes: list[dict], profile: dict = PROFILE
+) -> tuple[Scheduler, FakeInformers, FakeBinder, FakeIO]:
+    informers = FakeInformers()
+    cfg = config.parse(
+        {"apiVersion": config.API_VERSION, "kind": config.KIND, "profiles": [profile]}
+    )
+    binder = FakeBinder()
+    fwk = Framework(
+        cfg.profiles[0],
+        registry(),
+        informers=informers,
+        binder=binder,
+        tracer=Tracer(NAME, stream=io.StringIO()),
+    )
+    cache = Cache()
+    for n in nodes:
+        cache.AddNode(n)
+    queue = SchedulingQueue(fwk.QueueSortFunc(), fwk.EventsToRegister())
+    io_ = FakeIO(informers)
+    return Scheduler({NAME: fwk}, queue, cache, io_), informers, binder, io_
+
+
+def gang(
+    informers: FakeInformers,
+    sched: Scheduler,
+    name: str,
+    members: int,
+    want: int,
+    gpus: int = 2,
+    timeout: int | None = None,
+    created: str = "2026-01-01T00:00:00Z",
+) -> list[dict]:
+    pg = apis.pod_group(name, NS, want, schedule_timeout_seconds=timeout)
+    pg["metadata"]["creationTimestamp"] = created
+    informers.add(apis.PODGROUPS, pg)
+    pods = []
+    for i in range(members):
+        pod = make_pod(
+            f"{name}-{i}",
+            NS,
+            requests={GPU: gpus},
+            scheduler=NAME,
+            labels={apis.POD_GROUP_LABEL: name},
+        )
+        informers.add(PODS, pod)
+        sched.queue.Add(pod)
+        pods.append(pod)
+    return pods
+
+
+def drain(sched: Scheduler, attempts: int) -> None:
+    for _ in range(attempts):
+        if not sched.ScheduleOne(timeout=0.05):
+            break
+
+
+def join(sched: Scheduler) -> None:
+    for t in sched.binding_threads:
+        t.join(10)
+
+
+FOUR_GPU_NODES = [make_node(f"n{i}", allocatable={GPU: 4}) for i in range(2)]
+
+
+def test_a_gang_that_fits_binds_whole_after_the_last_member_arrives() -> None:
+    sched, informers, binder, _ = build(FOUR_GPU_NODES)
+    pods = gang(informers, sched, "train", 4, 4)
+    drain(sched, 3)
+    fwk = sched.profiles[NAME]
+    assert len(fwk.waiting_pods.list()) == 3 and not binder.bound
+    drain(sched, 1)
+    join(sched)
+    assert sorted(binder.bound) == sorted(p["metadata"]["name"] for p in pods)
+
+
+def test_a_gang_that_cannot_fit_is_rejected_whole_and_holds_nothing() -> None:
+    sched, informers, binder, io_ = build(FOUR_GPU_NODES)
+    blocker = make_pod("blocker", NS, requests={GPU: 2}, node_name="n0")
+    sched.cache.AddPod(blocker)
+    gang(informers, sched, "train", 4, 4)
+    drain(sched, 4)  # 3 wait; the 4th fits nowhere: PostFilter rejects the waiting 3
+    join(sched)
+    assert not binder.bound
+    assert not sched.profiles[NAME].waiting_pods.list()
+    notes = [n for name, reason, n in io_.events if name == "train-3"]
+    assert notes[-1] == (
+        "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. PodGroup default/train gets "
+        "rejected due to Pod train-3 is unschedulable even after PostFilter"
+    )
+    rejected = {name for name, reason, n in io_.events if "optimistic rejection in PostFilter" in n}
+    assert rejected == {"train-0", "train-1", "train-2"}
+    # nothing stays assumed: the node is free for the next attempt
+    assert sched.cache.UpdateSnapshot().get("n1").requested.scalar.get(GPU, 0) == 0
+
+
+def test_waiting_members_time_out_together() -> None:
+    sched, informers, binder, io_ = build(FOUR_GPU_NODES)
+    gang(informers, sched, "slow", 3, 4, timeout=3)  # a member is missing... until it isn't
+    informers.store(PODS).apply(
+        "ADDED", make_pod("slow-x", NS, labels={apis.POD_GROUP_LABEL: "slow"})
+    )  # counts for the quorum, never scheduled here
+    drain(sched, 3)
+    assert len(sched.profiles[NAME].waiting_pods.list()) == 3
+    join(sched)
+    assert not binder.bound
+    notes = {name: n for name, reason, n in io_.events if reason == "FailedScheduling"}
+    assert set(notes) == {"slow-0", "slow-1", "slow-2"}
+    # the first to time out unreserves and rejects the rest (unless their timers won)
+    assert "rejected due to timeout after waiting 3s at plugin Coscheduling" in notes["slow-0"]
+    assert all("timeout" in n or "rejection in Unreserve" in n for n in notes.values())
+
+
+def test_prefilter_needs_min_member_pods_and_a_known_podgroup() -> None:
+    sched, informers, _, io_ = build(FOUR_GPU_NODES)
+    gang(informers, sched, "small", 2, 3)
+    drain(sched, 1)
+    # as upstream, PostFilter runs after a PreFilter rejection too
+    assert io_.events[-1][2] == (
+        "0/2 nodes are available: pre-filter pod small-0 cannot find enough sibling pods, "
+        "current pods number: 2, minMember of group: 3. PodGroup default/small gets rejected "
+        "due to Pod small-0 is unschedulable even after PostFilter"
+    )
+    orphan = make_pod("orphan", NS, scheduler=NAME, labels={apis.POD_GROUP_LABEL: "ghost"})
+    informers.add(PODS, orphan)
+    sched.queue.Add(orphan)
+    while sched.ScheduleOne(timeout=0.05):
+        pass
+    assert ("orphan", "FailedScheduling", "0/1 nodes are available: 1 PodGroup not found.") in (
+        io_.events
+    )
+
+
+def test_queue_sort_keeps_a_group_together_and_failed_groups_step_back() -> None:
+    sched, informers, _, _ = build(FOUR_GPU_NODES)
+    fwk = sched.profiles[NAME]
+    less = fwk.QueueSortFunc()
+    a = gang(informers, sched, "a", 2, 2, created="2026-01-01T00:00:01Z")
+    b = gang(informers, sched, "b", 2, 2, created="2026-01-01T00:00:00Z")
+    order = sched.queue.PendingPods()["activeQ"]
+    assert order == ["default/b-0", "default/b-1", "default/a-0", "default/a-1"]
+    plugin = fwk.plugins["Coscheduling"]
+    plugin.pg_mgr.MarkPodGroupScheduleFailure("default/b")  # b failed just now
+    qa, qb = (QueuedPodInfo(PodInfo.of(p[0]), 0.0) for p in (a, b))
+    assert less(qa, qb)
+
+
+def test_min_resources_gap_is_checked_against_free_resources() -> None:
+    nodes = new_snapshot(FOUR_GPU_NODES, [make_pod("x", requests={GPU: 3}, node_name="n0")])
+    assert check_cluster_resource(nodes.list(), {GPU: 5, "pods": 2}, "default/g") == {}
+    assert check_cluster_resource(nodes.list(), {GPU: 6}, "default/g") == {GPU: 1}
+
+
+def test_bad_coscheduling_args_name_the_field() -> None:
+    bad = {
+        **PROFILE,
+        "pluginConfig": [
+            {
+                "name": "Coscheduling",
+                "args": {"permitWaitingTimeSeconds": -1, "podGroupRejectPercentage": 101},
+            }
+        ],
+    }
+    with pytest.raises(FrameworkError, match="permitWaitingTimeSeconds: -1 must be greater"):
+        build(FOUR_GPU_NODES, bad)
+
+
+def pods_in(*phases: str) -> list[dict]:
+    return [make_pod(f"p{i}", phase=ph) for i, ph in enumerate(phases)]
+
+
+@pytest.mark.parametrize(
+    ("phase", "pods", "want"),
+    [
+        ("", pods_in(), "Pending"),
+        ("Pending", pods_in("Pending"), "Pending"),
+        ("Pending", pods_in("Pending", "Pending"), "Scheduling"),
+        ("Scheduling", pods_in("Running", "Pending"), "Scheduling"),
+        ("Scheduling", pods_in("Running", "Running"), "Running"),
+        ("Running", pods_in("Running"), "Pending"),
+        ("Running", pods_in("Running", "Failed"), "Failed"),
+        ("Running", pods_in("Succeeded", "Succeeded"), "Finished"),
+        ("Finished", pods_in(), "Finished"),
+    ],
+)
+def test_podgroup_phase_follows_its_pods(phase: str, pods: list[dict], want: str) -> None:
+    pg = apis.pod_group("g", NS, 2)
+    pg["status"] = {"phase": phase} if phase else {}
+    assert next_status(pg, pods)["phase"] == want
+
+
+def test_status_counts_and_occupied_by() -> None:
+    pg = apis.pod_group("g", NS, 2)
+    pg["status"] = {"phase": "Pending"}
+    pods = pods_in("Pending", "Pending")
+    pods[0]["metadata"]["ownerReferences"] = [{"name": "job-b"}, {"name": "job-a"}]
+    assert next_status(pg, pods)["occupiedBy"] == "default/job-a,default/job-b"
+    pg["status"] = {"phase": "Scheduling"}
+    status = next_status(pg, pods_in("Running", "Succeeded", "Failed"))
+    assert (status["running"], status["succeeded"], status["failed"]) == (1, 1, 1)
+    assert status["phase"] == "Failed"
+
+
+def test_wait_time_precedence() -> None:
+    assert apis.wait_time(apis.pod_group("g", NS, 1, schedule_timeout_seconds=7), 10) == 7
+    assert apis.wait_time(apis.pod_group("g", NS, 1), 10) == 10
+    assert apis.wait_time(None, None) == 60

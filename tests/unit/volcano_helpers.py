@@ -1,0 +1,99 @@
+"""Running Volcano sessions without a cluster: a fake cache, one-call session runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpulab.framework.objects import make_node
+from gpulab.volcano.scheduler import conf, snapshot
+from gpulab.volcano.scheduler.actions import ACTIONS
+from gpulab.volcano.scheduler.api.job_info import JobInfo, TaskInfo
+from gpulab.volcano.scheduler.api.queue_info import QueueInfo
+from gpulab.volcano.scheduler.framework.framework import close_session, open_session
+from gpulab.volcano.scheduler.framework.session import Session
+from gpulab.volcano.scheduler.plugins import PLUGINS
+
+Obj = dict[str, Any]
+
+# the ConfigMap of manifests/volcano: proportion in the first tier, so that its
+# Reclaimable (only queues over their deserved share) joins gang's and conformance's
+LAB_CONF = """
+actions: "enqueue, allocate, backfill, reclaim"
+tiers:
+- plugins:
+  - name: priority
+  - name: gang
+    enablePreemptable: false
+  - name: conformance
+  - name: proportion
+- plugins:
+  - name: drf
+    enablePreemptable: false
+  - name: predicates
+  - name: nodeorder
+  - name: binpack
+"""
+
+
+@dataclass
+class FakeCache:
+    binds: list[tuple[str, str]] = field(default_factory=list)
+    evictions: list[tuple[str, str]] = field(default_factory=list)
+    job_updates: dict[str, tuple[Obj, bool]] = field(default_factory=dict)
+    queue_updates: dict[str, Mapping[str, str]] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def add_bind_task(self, task: TaskInfo) -> None:
+        self.binds.append((task.name, task.node_name))
+
+    def evict(self, task: TaskInfo, reason: str) -> None:
+        self.evictions.append((task.name, reason))
+
+    def update_job_status(self, job: JobInfo, update_pg: bool) -> None:
+        self.job_updates[job.name] = (job.pod_group or {}, update_pg)
+
+    def update_queue_status(self, queue: QueueInfo, allocated: Mapping[str, str]) -> None:
+        self.queue_updates[queue.name] = dict(allocated)
+
+    def record_pod_group_event(self, job: JobInfo, warning: bool, reason: str, msg: str) -> None:
+        self.events.append((job.name, reason, msg))
+
+    def condition(self, job: str, ctype: str) -> Obj | None:
+        pg = self.job_updates[job][0]
+        for c in pg.get("status", {}).get("conditions") or []:
+            if c["type"] == ctype:
+                return c
+        return None
+
+    def phase(self, job: str) -> str:
+        return self.job_updates[job][0]["status"]["phase"]
+
+
+def gpu_nodes(count: int, gpus: int = 8, prefix: str = "gpu") -> list[Obj]:
+    nodes = []
+    for i in range(count):
+        node = make_node(f"{prefix}-{i}", allocatable={"nvidia.com/gpu": gpus})
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        nodes.append(node)
+    return nodes
+
+
+def run(
+    pods: Iterable[Obj],
+    podgroups: Iterable[Obj],
+    nodes: Iterable[Obj],
+    queues: Iterable[Obj],
+    conf_text: str = LAB_CONF,
+    actions: Iterable[str] | None = None,
+) -> tuple[Session, FakeCache]:
+    """One full cycle: OpenSession, the configured actions, CloseSession."""
+    cfg = conf.unmarshal_scheduler_conf(conf_text, ACTIONS, PLUGINS)
+    info = snapshot.build(list(pods), list(podgroups), list(nodes), list(queues))
+    cache = FakeCache()
+    ssn = open_session(cache, info, cfg)
+    for name in actions if actions is not None else cfg.actions:
+        ACTIONS[name]().execute(ssn)
+    close_session(ssn)
+    return ssn, cache
