@@ -14,7 +14,8 @@ Configuration: fair sharing on), two measurements:
    input, as upstream's scheduler performance test does), spread unevenly so half the
    queues borrow from the other half of their Cohort; latency = the Workload's first
    QuotaReserved seen on the watch minus the moment its create returned; p50/p99; and the
-   controller's resident memory (VmRSS after, VmHWM peak) from /proc.
+   controller's resident memory (VmRSS after, VmHWM peak) from /proc (the pod runner's
+   ``gpulab://PID`` container ID names the pod's process).
 
 Every time is taken from watch events as they arrive (demos.kueue.Watched).
 """
@@ -238,7 +239,9 @@ def latency(local: LocalCluster, api: client.ApiClient) -> dict[str, Any]:
             api, demo.cluster_queue(f"bench-{i}", ns, QUOTA_PER_QUEUE, flavor, cohort, "cpu")
         )
         demo.create(api, demo.local_queue(f"lq-{i}", ns, f"bench-{i}"))
-    pid = addon.controller(local).pid
+    [pod] = local.component_pods(addon.COMPONENT, namespace=addon.NAMESPACE)
+    # the pod runner's container ID is the controller's host process
+    pid = int(pod.status.container_statuses[0].container_id.removeprefix("gpulab://"))
     before = _memory_kb(pid)
     order = [(f"wl-{i}-{n:04d}", f"lq-{i}") for i in range(QUEUES) for n in range(_demand(i))]
     random.Random(20261201).shuffle(order)  # arrivals interleave across the queues

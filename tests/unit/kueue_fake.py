@@ -87,6 +87,7 @@ class FakeKube:
         self._uid = itertools.count(1)
         self.manager: Manager | None = None
         self.conflicts_left = 0  # fail the next N status writes with 409
+        self.job_errors_left = 0  # fail the next N Job patches with 500 (a webhook unreachable)
         self.rejected: list[str] = []  # 422s the controllers provoked
         self.writes = 0
         self.clock = 1_000_000.0
@@ -150,6 +151,9 @@ class FakeKube:
 
     def patch(self, res: Resource, obj: Obj, body: Obj) -> Obj:
         current = self._current(res, obj)
+        if res is JOBS and self.job_errors_left > 0:
+            self.job_errors_left -= 1
+            raise ApiException(status=500, reason="Internal Server Error")
         new = copy.deepcopy(current)
         merge(new, body)
         self._check(res, current, new)
@@ -248,6 +252,8 @@ def settle(m: Manager, rounds: int = 50) -> None:
                 busy = True
                 try:
                     fn(key)
+                except ApiException:
+                    q.add(key)  # run_worker retries a failed Reconcile (after a back-off)
                 finally:
                     q.done(key)
         heads = m.queues.heads()

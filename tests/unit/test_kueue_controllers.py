@@ -279,6 +279,19 @@ def test_admission_not_recorded_gives_the_quota_back() -> None:
     assert steps(log).count("admit") == 1
 
 
+def test_a_job_write_the_api_server_fails_is_retried() -> None:
+    """A 500 (the API server could not call a webhook while the controller's pod was
+    replaced) goes back to the work queue, as controller-runtime's Reconcile error does:
+    no watch event would bring the Job back."""
+    kube = FakeKube()
+    setup(kube, quota=1)
+    m, _ = new_manager(kube)
+    kube.job_errors_left = 1  # the patch that unsuspends the Job
+    kube.add(JOBS, job("a", 1))
+    settle(m)
+    assert kube.job_errors_left == 0 and running(kube, "a")
+
+
 def test_hold_and_drain_evicts_admitted_workloads() -> None:
     kube = FakeKube()
     setup(kube, quota=2)

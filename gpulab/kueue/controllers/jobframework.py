@@ -54,9 +54,10 @@ class JobReconciler:
             else:
                 self._pods(ref)
         except ApiException as exc:
+            if not is_conflict(exc):
+                raise  # run_worker retries with back-off: no watch event may come
             # the watch brings the fresh object and the job is reconciled again
-            level = logging.DEBUG if is_conflict(exc) else logging.WARNING
-            _log.log(level, "%s: %s %s", ref, exc.status, exc.reason)
+            _log.debug("%s: %s %s", ref, exc.status, exc.reason)
         return None
 
     def _workload(self, namespace: str, name: str) -> Obj | None:
