@@ -36,7 +36,7 @@ link and one line of what to do.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -87,6 +87,7 @@ MIG_CONFIG = "nvidia.com/mig.config"
 MIG_STATE = "nvidia.com/mig.config.state"
 MIG_STRATEGY = "nvidia.com/mig.strategy"
 MIG_PARTED_CONFIGMAP = "default-mig-parted-config"
+DP_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 ALLOCATE_PREFIX = "gpulab.io/allocate-"
 SYSTEM_NAMESPACE = "gpulab-system"
 # schedulerName -> the app.kubernetes.io/name of the pods that run it (the lab's manifests)
@@ -306,7 +307,7 @@ def queue_links(objs: ObjectSet, pod: Obj) -> list[Link]:
         out.append(volcano_podgroup_link(objs, ns_of(pod), group))
     cos = labels(pod).get(COSCHEDULING_LABEL)
     if cos:
-        out.append(coscheduling_link(objs, ns_of(pod), cos, pod))
+        out.append(coscheduling_link(objs, ns_of(pod), cos))
     return out
 
 
@@ -656,7 +657,7 @@ def volcano_podgroup_link(objs: ObjectSet, ns: str, name: str) -> Link:
     return Link("volcano", WAITING, f"PodGroup {ns}/{name} {phase or 'Pending'}", evidence)
 
 
-def coscheduling_link(objs: ObjectSet, ns: str, name: str, pod: Obj | None = None) -> Link:
+def coscheduling_link(objs: ObjectSet, ns: str, name: str) -> Link:
     pg = find(objs.coscheduling_podgroups, name, ns)
     if pg is None:
         return Link(
@@ -666,6 +667,95 @@ def coscheduling_link(objs: ObjectSet, ns: str, name: str, pod: Obj | None = Non
             "its pods at PreFilter",
             fix=f"create PodGroup {name} with minMember, or fix the pods' {COSCHEDULING_LABEL}",
         )
+    gang = gang_state(objs, pg)
+    min_member = gang.min_member
+    timeout = spec(pg).get("scheduleTimeoutSeconds")
+    evidence = [
+        f"PodGroup phase {status(pg).get('phase') or '-'}, minMember {min_member}, members "
+        f"{len(gang.members)}, bound {gang.bound}, scheduleTimeoutSeconds "
+        f"{timeout if timeout is not None else '(the plugin default)'}",
+        *(f"{w} waits at Permit: {note}" for w, note in gang.waiting.items()),
+        *(f"{p}: FailedScheduling: {note[:120]}" for p, note in gang.failed.items()),
+    ]
+    if len(gang.members) < min_member:
+        return Link(
+            "coscheduling",
+            BROKEN,
+            f"PodGroup {ns}/{name} has {len(gang.members)} of minMember {min_member} pods: "
+            "PreFilter rejects them until the rest exist",
+            evidence,
+            fix="create the missing members or lower minMember",
+        )
+    if gang.bound >= min_member:
+        return Link(
+            "coscheduling", OK, f"gang {ns}/{name}: {gang.bound}/{min_member} bound", evidence
+        )
+    others = [
+        g
+        for g in (gang_state(objs, o) for o in objs.coscheduling_podgroups if o is not pg)
+        if g.holds and not g.complete
+    ]
+    if gang.holds and others:
+        mine = f"{ns}/{name} holds {gang.holding_text()}"
+        theirs = "; ".join(f"{g.key} holds {g.holding_text()}" for g in others)
+        return Link(
+            "coscheduling",
+            BROKEN,
+            f"gang deadlock: {mine}, {theirs}: each holds what the other needs to complete",
+            evidence,
+            fix="a gang that cannot complete must let go: give the PodGroups a short "
+            "scheduleTimeoutSeconds (or none: the plugin's permitWaitingTimeSeconds), then "
+            "restart gpulab-scheduler so waiting pods drop the timers they started with; "
+            "minMember must be the members the job needs to start",
+        )
+    if gang.waiting:
+        return Link(
+            "coscheduling",
+            WAITING,
+            f"gang {ns}/{name}: {len(gang.waiting)} member(s) wait at Permit for the rest",
+            evidence,
+        )
+    return Link(
+        "coscheduling", WAITING, f"gang {ns}/{name}: {gang.bound}/{min_member} bound", evidence
+    )
+
+
+@dataclass
+class GangState:
+    """A Coscheduling gang as its members' Events show it: bound members, members waiting
+    at Permit (reserved in the scheduler's cache, holding their node's devices), members
+    the last cycle found no node for."""
+
+    key: str
+    min_member: int
+    members: list[str]
+    bound: int
+    waiting: dict[str, str]
+    failed: dict[str, str]
+
+    @property
+    def holds(self) -> bool:
+        return self.bound + len(self.waiting) > 0
+
+    @property
+    def complete(self) -> bool:
+        return self.bound >= self.min_member
+
+    def holding_text(self) -> str:
+        parts = []
+        if self.bound:
+            parts.append(f"{self.bound} bound")
+        if self.waiting:
+            parts.append(f"{len(self.waiting)} waiting at Permit")
+        return f"{' + '.join(parts)} of {self.min_member}"
+
+
+# the scheduler's steps that say where a pod's last attempt ended
+_ATTEMPT_STEPS = ("Permit", "WaitOnPermit", "FailedScheduling", "Scheduled", "Bind")
+
+
+def gang_state(objs: ObjectSet, pg: Obj) -> GangState:
+    ns, name = ns_of(pg), name_of(pg)
     members = [
         p
         for p in objs.pods
@@ -673,85 +763,32 @@ def coscheduling_link(objs: ObjectSet, ns: str, name: str, pod: Obj | None = Non
         and labels(p).get(COSCHEDULING_LABEL) == name
         and status(p).get("phase") not in ("Succeeded", "Failed")
     ]
-    bound = [p for p in members if spec(p).get("nodeName")]
-    min_member = int(spec(pg).get("minMember") or 1)
-    timeout = spec(pg).get("scheduleTimeoutSeconds")
-    phase = status(pg).get("phase", "")
-    evidence = [
-        f"PodGroup phase {phase or '-'}, minMember {min_member}, members {len(members)}, bound "
-        f"{len(bound)}, scheduleTimeoutSeconds "
-        f"{timeout if timeout is not None else '(plugin default)'}"
-    ]
-    waits = _permit_waits(objs, ns, members)
-    evidence += waits
-    if len(members) < min_member:
-        return Link(
-            "coscheduling",
-            BROKEN,
-            f"PodGroup {ns}/{name} has {len(members)} of minMember {min_member} pods: "
-            "PreFilter rejects them until the rest exist",
-            evidence,
-            fix="create the missing members or lower minMember",
-        )
-    if len(bound) >= min_member:
-        return Link(
-            "coscheduling", OK, f"gang {ns}/{name}: {len(bound)}/{min_member} bound", evidence
-        )
-    holders = _gang_holders(objs, ns, name)
-    if bound and holders:
-        return Link(
-            "coscheduling",
-            BROKEN,
-            f"gang deadlock: {ns}/{name} holds {len(bound)} of {min_member} members bound while "
-            f"{'; '.join(holders)} — each holds what the other needs",
-            evidence,
-            fix="gangs must bind all or nothing: give every member's PodGroup a "
-            "scheduleTimeoutSeconds so a gang that cannot complete is rejected at Permit and "
-            "releases what it holds (and minMember = the members the job needs)",
-        )
-    if waits:
-        return Link(
-            "coscheduling",
-            WAITING,
-            f"gang {ns}/{name}: members wait at Permit for the rest of the group",
-            evidence,
-        )
-    return Link(
-        "coscheduling", WAITING, f"gang {ns}/{name}: {len(bound)}/{min_member} bound", evidence
-    )
-
-
-def _permit_waits(objs: ObjectSet, ns: str, members: Sequence[Obj]) -> list[str]:
-    out = []
+    waiting, failed = {}, {}
+    bound = 0
     for p in members:
-        evs = [
+        if spec(p).get("nodeName"):
+            bound += 1
+            continue
+        steps = [
             e
             for e in events_about(objs.events, "Pod", name_of(p), ns)
-            if e.get("reason") == "Permit"
+            if e.get("reason") in _ATTEMPT_STEPS
         ]
-        if evs:
-            out.append(f"{name_of(p)} Permit: {message(evs[-1])}")
-    return out[:4]
-
-
-def _gang_holders(objs: ObjectSet, ns: str, name: str) -> list[str]:
-    """Other gangs that are partially bound too (each below its minMember)."""
-    out = []
-    for pg in objs.coscheduling_podgroups:
-        if name_of(pg) == name and ns_of(pg) == ns:
+        if not steps:
             continue
-        members = [
-            p
-            for p in objs.pods
-            if ns_of(p) == ns_of(pg)
-            and labels(p).get(COSCHEDULING_LABEL) == name_of(pg)
-            and status(p).get("phase") not in ("Succeeded", "Failed")
-        ]
-        bound = sum(1 for p in members if spec(p).get("nodeName"))
-        need = int(spec(pg).get("minMember") or 1)
-        if 0 < bound < need:
-            out.append(f"{ns_of(pg)}/{name_of(pg)} holds {bound} of {need}")
-    return out
+        last = steps[-1]
+        if last.get("reason") == "Permit" and "Wait" in message(last):
+            waiting[name_of(p)] = message(last)
+        elif last.get("reason") == "FailedScheduling":
+            failed[name_of(p)] = message(last)
+    return GangState(
+        f"{ns}/{name}",
+        int(spec(pg).get("minMember") or 1),
+        [name_of(p) for p in members],
+        bound,
+        waiting,
+        failed,
+    )
 
 
 def podgroup_chain(objs: ObjectSet, t: Target) -> list[Link]:
@@ -1057,69 +1094,38 @@ def _hami_types(objs: ObjectSet) -> set[str]:
 def _candidate_node_link(
     objs: ObjectSet, pod: Obj, verdicts: list[NodeVerdict], want: Mapping[str, int]
 ) -> Link:
-    """The node side of an unscheduled pod: a node the pod may run on whose capacity would
-    hold it but whose allocatable does not (devices Unhealthy, plugin gone), or a resource
-    no node advertises under the name asked for."""
+    """The node side of an unscheduled pod: a node its selectors and tolerations allow
+    whose device plugin does not offer what the pod asks for (devices Unhealthy, the
+    plugin gone, or the resource under another name)."""
     eligible = [v for v in verdicts if set(v.fails) <= {"resources"}]
     if not want:
         return Link("node", SKIPPED, "asks for no device")
     if not eligible:
         return Link("node", SKIPPED, "no node passes the pod's selectors and tolerations")
-    for r in want:
-        if not any(_quantity((status(x).get("capacity") or {}).get(r)) for x in objs.nodes):
-            similar = sorted(
-                {
-                    f"{name_of(x)}: {k}={v}"
-                    for x in objs.nodes
-                    for k, v in (status(x).get("capacity") or {}).items()
-                    if k != r and k.split("/")[0] == r.split("/")[0]
-                }
-            )
-            # capacity 0: registered once, removed after the plugin's grace period
-            gone = [name_of(x) for x in objs.nodes if r in (status(x).get("capacity") or {})]
-            return Link(
-                "node",
-                BROKEN,
-                f"no node advertises {r}"
-                + (f"; advertised instead: {', '.join(similar[:4])}" if similar else "")
-                + (
-                    f"; {', '.join(gone)} had it (capacity now 0: its plugin is gone)"
-                    if gone
-                    else ""
-                ),
-                [node_summary(objs, x, r) for x in objs.nodes if name_of(x) in gone][:4],
-                fix=_resource_name_fix(objs, r, similar, gone),
-            )
     for v in eligible:
         node = find(objs.nodes, v.node)
-        if node is None:
-            continue
         for r, n in want.items():
+            if node is None:
+                continue
             cap = int(_quantity((status(node).get("capacity") or {}).get(r)))
             alloc = int(_quantity((status(node).get("allocatable") or {}).get(r)))
-            if cap >= n > alloc:
+            if alloc < n and (cap >= n or cap == 0):
                 finding = device_side(objs, node, r)
                 if finding is not None:
                     return finding
     return Link("node", OK, "the nodes it may run on advertise what it asks for")
 
 
-def _resource_name_fix(objs: ObjectSet, r: str, similar: list[str], gone: list[str]) -> str:
-    if gone:
-        return (
-            f"start the device plugin on {gone[0]} again (its pod: `kubectl -n "
-            f"{SYSTEM_NAMESPACE} get pods -o wide`; a DaemonSet's nodeSelector or the node's "
-            "labels may leave it out)"
-        )
-    if similar:
-        return (
-            "the device plugin's config renames the resource (sharing ... rename / "
-            "renameByDefault): select a config that keeps "
-            + r
-            + " (node label nvidia.com/device-plugin.config) and "
-            "restart the plugin pod, or ask for the advertised name"
-        )
-    return f"install a device plugin that advertises {r}"
+def renamed(node: Obj, resource: str) -> list[str]:
+    """Resources of the same vendor the node advertises instead (``nvidia.com/gpu.shared``
+    from a time-slicing config with renameByDefault, ``nvidia.com/mig-1g.10gb`` under the
+    mixed MIG strategy)."""
+    vendor = resource.split("/")[0]
+    return sorted(
+        f"{k}={v}"
+        for k, v in (status(node).get("capacity") or {}).items()
+        if k != resource and k.split("/")[0] == vendor and _quantity(v) > 0
+    )
 
 
 def node_summary(objs: ObjectSet, node: Obj, resource: str) -> str:
@@ -1145,30 +1151,52 @@ def plugin_pods(objs: ObjectSet, node: str) -> list[Obj]:
 
 
 def device_side(objs: ObjectSet, node: Obj, resource: str) -> Link | None:
-    """Why ``node`` offers fewer ``resource`` than its capacity: Unhealthy devices or its
-    plugin gone. None when it offers all of them."""
+    """Why ``node`` offers fewer ``resource`` than its capacity, or none of it: its plugin
+    registers the devices under another name, the plugin is gone (kubelet keeps the
+    capacity at allocatable 0 for the grace period, then drops it), or devices are
+    Unhealthy. None when it offers all it has."""
     name = name_of(node)
-    cap = int(_quantity((status(node).get("capacity") or {}).get(resource)))
+    cap_map = status(node).get("capacity") or {}
+    cap = int(_quantity(cap_map.get(resource)))
     alloc = int(_quantity((status(node).get("allocatable") or {}).get(resource)))
-    if cap == alloc:
+    others = renamed(node, resource)
+    if cap == alloc and (cap > 0 or (not others and resource not in cap_map)):
         return None
     events = _node_events(objs, name)
     evidence = [node_summary(objs, node, resource)]
-    health = [e for e in events if reporter(e).endswith("device-plugin")]
-    bad = unhealthy_devices(health)
     pods = plugin_pods(objs, name)
-    gone = [e for e in events if e.get("reason") == "PluginDisconnected"]
-    registered = [e for e in events if e.get("reason") == "Register" and resource in message(e)]
-    last_gone = event_time(gone[-1]) if gone else ""
-    last_reg = event_time(registered[-1]) if registered else ""
-    stopped = bool(gone) and last_gone >= last_reg
-    if stopped or (alloc == 0 and not any(_pod_ready(p) for p in pods)):
-        if gone:
-            evidence.append(f"PluginDisconnected ({event_time(gone[-1])}): {message(gone[-1])}")
-        evidence.append(
-            "device-plugin pod on the node: "
-            + (", ".join(f"{name_of(p)} {status(p).get('phase')}" for p in pods) or "none")
+    gone = [
+        e
+        for e in events
+        if e.get("reason") == "PluginDisconnected" and message(e).startswith(resource + ":")
+    ]
+    registered = [
+        e
+        for e in events
+        if e.get("reason") == "Register" and f"plugin for {resource} " in message(e)
+    ]
+    last_registered = event_time(registered[-1]) if registered else ""
+    stopped = bool(gone) and event_time(gone[-1]) >= last_registered
+    if gone:
+        evidence.append(f"PluginDisconnected ({event_time(gone[-1])}): {message(gone[-1])}")
+    evidence.append(
+        "device-plugin pod on the node: "
+        + (", ".join(f"{name_of(p)} {status(p).get('phase')}" for p in pods) or "none")
+    )
+    running = any(_pod_ready(p) for p in pods)
+    if others and running and (stopped or cap == 0):
+        config = labels(node).get(DP_CONFIG_LABEL, "default")
+        return Link(
+            "node",
+            BROKEN,
+            f"the device plugin on {name} advertises {', '.join(others)} instead of {resource} "
+            f"(its config {config!r} renames it); {resource}: capacity {cap}, allocatable {alloc}",
+            [*evidence, f"node label {DP_CONFIG_LABEL}={config}"],
+            fix=f"select a device-plugin config that keeps {resource} (`kubectl label node {name} "
+            f"{DP_CONFIG_LABEL}=default --overwrite`), then restart the node's plugin pod; or "
+            "ask for the advertised name",
         )
+    if stopped or not running:
         return Link(
             "node",
             BROKEN,
@@ -1177,12 +1205,12 @@ def device_side(objs: ObjectSet, node: Obj, resource: str) -> Link | None:
             evidence,
             fix=_plugin_fix(objs, node),
         )
+    bad = unhealthy_devices([e for e in events if reporter(e).endswith("device-plugin")])
     if bad:
         evidence += [
             f"Unhealthy {u}: {note.rpartition('Unhealthy: ')[2][:80]}"
             for u, note in sorted(bad.items())
         ]
-        pod_name = name_of(pods[0]) if pods else "<device-plugin pod>"
         return Link(
             "node",
             BROKEN,
@@ -1191,7 +1219,7 @@ def device_side(objs: ObjectSet, node: Obj, resource: str) -> Link | None:
             evidence,
             fix=f"a GPU stays Unhealthy until its device plugin restarts: once the fault is gone "
             "(real hardware: drain and reset the GPU; the lab's Xid was a single event), "
-            f"restart the plugin: `kubectl -n {SYSTEM_NAMESPACE} delete pod {pod_name}`",
+            f"restart the plugin: `kubectl -n {SYSTEM_NAMESPACE} delete pod {name_of(pods[0])}`",
         )
     return Link(
         "node",
@@ -1283,6 +1311,8 @@ def node_chain(objs: ObjectSet, node: Obj, want: Mapping[str, int] | None = None
     cap = status(node).get("capacity") or {}
     resources = sorted(set(want or ()) | {r for r in cap if r.startswith("nvidia.com/")})
     for r in resources:
+        if r not in (want or {}) and not _quantity(cap.get(r)):
+            continue  # a resource this node does not offer (nvidia.com/gpu under MIG mixed)
         finding = device_side(objs, node, r)
         if finding is not None:
             links.append(replace_name(finding, f"device plugin ({r})"))
