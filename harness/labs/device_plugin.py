@@ -18,10 +18,12 @@ lab, and restarted with the default again by ``gpulab lab stop``.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from kubernetes import client
 
+from gpulab.wait import wait_for
 from harness.backends import SYSTEM_NAMESPACE
 from harness.labs import (
     POOL_LABEL,
@@ -163,6 +165,9 @@ def _grace_period(backend: Any, seconds: int | None, progress: Progress) -> None
         progress("not the local backend: kubelet's own 5-minute grace period applies")
         return
     flag = "--endpoint-stop-grace-period="
+    core = client.CoreV1Api(backend.api())
+    since = dt.datetime.now(dt.UTC)
+    restarted = []
     for node in (RENAMED, STOPPED):
         name = f"node-agent-{node}"
         rec = next(p for p in backend.processes() if p.name == name)
@@ -173,13 +178,32 @@ def _grace_period(backend: Any, seconds: int | None, progress: Progress) -> None
             continue
         backend.stop_process(name)
         backend.start_process(name, argv, rec.ports, rec.env, rec.service)
+        restarted.append(node)
+    # the running plugins register with the new agent (they watch kubelet.sock); until
+    # then the node's status is the old agent's
+    for node in restarted:
+        wait_for(
+            lambda n=node: _registered_since(core, n, since),
+            60,
+            f"the device plugin on {node} to register with the restarted node agent",
+            0.5,
+        )
     if seconds is not None:
         progress(f"lab convenience: node agents of {RENAMED}, {STOPPED} run with {flag}{seconds}")
 
 
-def _wait_gpus(core: client.CoreV1Api, nodes: list[str], timeout: float = 90) -> None:
-    from gpulab.wait import wait_for
+def _registered_since(core: client.CoreV1Api, node: str, since: dt.datetime) -> bool:
+    events = core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node},reason=Register"
+    ).items
+    return any(
+        e.reporting_component == "gpulab.io/node-agent"
+        and (e.event_time or e.last_timestamp or since) > since
+        for e in events
+    )
 
+
+def _wait_gpus(core: client.CoreV1Api, nodes: list[str], timeout: float = 90) -> None:
     def advertised() -> bool:
         return all(
             (core.read_node(n).status.allocatable or {}).get("nvidia.com/gpu") == str(GPUS)
