@@ -421,8 +421,9 @@ def kueue_workload_links(objs: ObjectSet, wl: Obj) -> list[Link]:
                     f"{active.get('message')})",
                     *_wl_evidence(wl),
                 ],
-                fix=f"create ClusterQueue {cq_name} or point the LocalQueue's spec.clusterQueue "
-                f"at an existing one ({_names(objs.cluster_queues)})",
+                fix=f"create ClusterQueue {cq_name} (a LocalQueue's spec.clusterQueue is "
+                f"immutable; or recreate the LocalQueue naming one of "
+                f"{_names(objs.cluster_queues)})",
             )
         )
         return links

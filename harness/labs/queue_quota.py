@@ -93,7 +93,7 @@ def local_queue(name: str, cq: str) -> dict[str, Any]:
 
 
 def job(name: str, queue: str | None, gpus: int) -> dict[str, Any]:
-    """A one-pod GPU Job that runs until deleted (kwok keeps it Running)."""
+    """A one-pod GPU Job that runs for a day (kwok keeps its pod Running)."""
     labels = {kueue.QUEUE_LABEL: queue} if queue else {}
     return {
         "apiVersion": "batch/v1",
@@ -102,6 +102,8 @@ def job(name: str, queue: str | None, gpus: int) -> dict[str, Any]:
         "spec": {
             "backoffLimit": 0,
             "template": {
+                # lab convenience: kwok completes a Job's pod after this delay (default 1 s)
+                "metadata": {"annotations": {"pod-complete.stage.kwok.x-k8s.io/delay": "24h"}},
                 "spec": {
                     "restartPolicy": "Never",
                     "nodeSelector": {POOL_LABEL: NAME} if not queue else {},
