@@ -1,0 +1,303 @@
+"""gpulab/diagnose/chain.py on recorded object sets: the fixtures are what `gpulab diagnose
+--save` read from the labs cluster (harness/clusters/labs.yaml) in each lab's broken state
+and after its fix; the synthetic sets below cover links no lab breaks on that cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from gpulab.diagnose.chain import BROKEN, OK, diagnose, selector_matches, webhook_answers
+from gpulab.diagnose.commands import parse_target
+from gpulab.diagnose.objects import ObjectSet, Target
+from gpulab.errors import CLIError
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "diagnose"
+
+
+def load(name: str) -> ObjectSet:
+    return ObjectSet.load(FIXTURES / f"{name}.json")
+
+
+# (fixture, the first broken link, words its summary must hold)
+BROKEN_CASES = [
+    ("unschedulable-big-trainer", "filter", ["asks 16 nvidia.com/gpu", "has 8"]),
+    ("unschedulable-h100-job", "filter", ["tainted", "gpu-h100", "dedicated"]),
+    ("unschedulable-v100-job", "filter", ["Tesla-V100-SXM2-16GB is on no node", "Tesla-T4"]),
+    ("unschedulable-a100-job", "node", ["8 GPU(s) of gpu-a100 are Unhealthy", "Xid"]),
+    ("device-plugin-inference-grace", "node", ["nvidia.com/gpu.shared=8 instead", "lab-shared"]),
+    ("device-plugin-inference", "node", ["instead of nvidia.com/gpu", "capacity 0"]),
+    ("device-plugin-trainer-grace", "node", ["not running: capacity 4, allocatable 0"]),
+    ("device-plugin-trainer", "node", ["not running: capacity 0"]),
+    ("gang-deadlock-train-a", "coscheduling", ["gang deadlock", "train-b holds 2 waiting"]),
+    ("queue-quota-missing-flavor", "kueue", ["inactive", "spot-gpu does not exist"]),
+    ("queue-quota-missing-clusterqueue", "kueue", ["names ClusterQueue lab-cq-b", "not exist"]),
+    ("queue-quota-quota-changed", "kueue", ["below what its admitted Workloads hold"]),
+    ("queue-quota-unqueued", "kueue", ["no kueue.x-k8s.io/queue-name label", "unqueued"]),
+]
+
+
+@pytest.mark.parametrize(("fixture", "link", "words"), BROKEN_CASES)
+def test_each_lab_case_names_its_link(fixture: str, link: str, words: list[str]) -> None:
+    report = diagnose(load(fixture))
+    first = report.broken
+    assert first is not None, report.answer()
+    assert first.name == link, report.answer()
+    for w in words:
+        assert w in first.summary, first.summary
+    assert first.fix
+    assert report.answer().startswith(f"first broken link: {link}: ")
+
+
+def test_the_xid_case_fixes_by_restarting_that_nodes_plugin() -> None:
+    first = diagnose(load("unschedulable-a100-job")).broken
+    assert first is not None
+    assert "delete pod gpulab-device-plugin-" in first.fix
+    assert sum("Unhealthy GPU-" in e for e in first.evidence) == 8
+
+
+def test_the_scheduler_link_is_not_blamed_for_the_nodes_fault() -> None:
+    links = {link.name: link for link in diagnose(load("unschedulable-a100-job")).links}
+    assert links["scheduler"].state == OK
+    assert links["filter"].state == "blocked"
+
+
+def test_a_plugin_out_of_its_daemonset_names_the_missing_node_label() -> None:
+    first = diagnose(load("device-plugin-trainer")).broken
+    assert first is not None
+    assert "kubectl label node gpu-dp-1 nvidia.com/gpu.present=true" in first.fix
+
+
+@pytest.mark.parametrize("fixture", ["healthy-a100-job", "healthy-kueue-job-c1"])
+def test_a_healthy_pod_has_no_broken_link(fixture: str) -> None:
+    report = diagnose(load(fixture))
+    assert report.broken is None, report.answer()
+    assert report.answer().startswith("no broken link")
+    assert {link.name for link in report.links} >= {"scheduler", "filter", "node", "kubelet"}
+
+
+def test_the_healthy_pod_turns_broken_when_its_node_loses_its_gpus() -> None:
+    """The healthy fixture with the node's allocatable cut: the same pod, unbound, is then
+    blocked on the node (a positive control for the no-false-alarm test)."""
+    objs = load("healthy-a100-job")
+    pod = next(p for p in objs.pods if p["metadata"]["name"] == objs.target.name)
+    pod["spec"].pop("nodeName")
+    pod["status"] = {"phase": "Pending"}
+    node = next(n for n in objs.nodes if n["metadata"]["name"] == "gpu-a100")
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    for p in objs.pods:
+        if p is not pod and p["spec"].get("nodeName") == "gpu-a100":
+            p["spec"].pop("nodeName")
+    first = diagnose(objs).broken
+    assert first is not None and first.name == "node"
+
+
+def test_json_report_shape() -> None:
+    data = diagnose(load("queue-quota-missing-flavor")).to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert data["broken"] == "kueue"
+    assert data["target"]["kind"] == "workload"
+    assert {"name", "state", "summary", "evidence", "fix"} <= set(data["links"][0])
+
+
+# ---------------------------------------------------------------- synthetic object sets
+
+
+def _pod(name: str = "p", ns: str = "ns", **spec: object) -> dict:
+    return {
+        "metadata": {"name": name, "namespace": ns, "uid": name, "labels": {"app": "x"}},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            **spec,
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def _node(name: str, gpus: int = 4, **labels: str) -> dict:
+    cap = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+        "spec": {},
+        "status": {
+            "capacity": cap,
+            "allocatable": dict(cap),
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def _hook(name: str, client_config: dict, policy: str = "Ignore") -> dict:
+    return {
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": f"{name}.example.com",
+                "clientConfig": client_config,
+                "failurePolicy": policy,
+                "rules": [{"operations": ["CREATE"], "resources": ["pods"]}],
+                "objectSelector": {
+                    "matchExpressions": [
+                        {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
+                    ]
+                },
+            }
+        ],
+    }
+
+
+def test_a_webhook_whose_url_does_not_answer_breaks_admission() -> None:
+    url = "https://127.9.0.1:443/webhook"
+    objs = ObjectSet(
+        Target("pod", "p", "ns"),
+        pods=[_pod()],
+        nodes=[_node("n")],
+        mutating_webhooks=[_hook("vgpu", {"url": url})],
+        probes={url: "no answer (Connection refused)"},
+    )
+    first = diagnose(objs).broken
+    assert first is not None and first.name == "admission"
+    assert "does not answer" in first.summary and "Connection refused" in first.summary
+    objs.probes[url] = "ok"
+    assert diagnose(objs).links[0].state == OK
+
+
+def test_a_service_webhook_answers_when_a_ready_pod_backs_it() -> None:
+    svc = {
+        "metadata": {"name": "hami-scheduler", "namespace": "sys"},
+        "spec": {"selector": {"app": "hami"}},
+    }
+    backend = {
+        "metadata": {"name": "hami-0", "namespace": "sys", "labels": {"app": "hami"}},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+    }
+    objs = ObjectSet(Target("pod", "p", "ns"), pods=[backend], services=[svc])
+    hook = {"clientConfig": {"service": {"name": "hami-scheduler", "namespace": "sys"}}}
+    assert webhook_answers(objs, hook)[0] is False
+    backend["status"]["conditions"][0]["status"] = "True"
+    assert webhook_answers(objs, hook) == (True, "Service sys/hami-scheduler -> hami-0 (Ready)")
+    objs.services = []
+    assert webhook_answers(objs, hook) == (False, "Service sys/hami-scheduler does not exist")
+
+
+def test_label_selectors() -> None:
+    sel = {
+        "matchLabels": {"a": "1"},
+        "matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}],
+    }
+    assert selector_matches(sel, {"a": "1"})
+    assert not selector_matches(sel, {"a": "1", "hami.io/webhook": "ignore"})
+    assert not selector_matches(sel, {"a": "2"})
+    assert selector_matches(None, {})
+
+
+def test_a_scheduler_nobody_runs() -> None:
+    objs = ObjectSet(
+        Target("pod", "p", "ns"), pods=[_pod(schedulerName="my-sched")], nodes=[_node("n")]
+    )
+    first = diagnose(objs).broken
+    assert first is not None and first.name == "scheduler"
+    assert "no scheduler named my-sched" in first.summary
+
+
+def test_hami_filter_table_with_a_gputype_that_matches_nothing() -> None:
+    """The HAMi extender's per-node record (HAMi v2.10.0 reasons, the lab's
+    gpulab.io/filter-result) when nvidia.com/use-gputype names no registered type."""
+    pod = _pod(schedulerName="hami-scheduler")
+    pod["metadata"]["annotations"] = {
+        "nvidia.com/use-gputype": "H200",
+        "gpulab.io/filter-result": json.dumps(
+            {
+                "chosen": None,
+                "nodePolicy": "binpack",
+                "gpuPolicy": "spread",
+                "nodes": [
+                    {"node": "t4", "fit": False, "reason": "4/4 CardTypeMismatch"},
+                    {"node": "a100", "fit": False, "reason": "8/8 CardTypeMismatch"},
+                ],
+            }
+        ),
+    }
+    register = json.dumps([{"id": "GPU-1", "type": "NVIDIA-Tesla T4", "count": 10}])
+    t4 = _node("t4")
+    t4["metadata"]["annotations"] = {"hami.io/node-nvidia-register": register}
+    event = {
+        "involvedObject": {"kind": "Pod", "name": "p", "namespace": "ns"},
+        "reason": "FailedScheduling",
+        "reportingComponent": "hami-scheduler",
+        "message": "0/2 nodes are available: 2 node(s) didn't fit.",
+        "lastTimestamp": "2026-12-01T00:00:00Z",
+    }
+    objs = ObjectSet(
+        Target("pod", "p", "ns"), pods=[pod], nodes=[t4, _node("a100", 8)], events=[event]
+    )
+    first = diagnose(objs).broken
+    assert first is not None and first.name == "filter"
+    assert "nvidia.com/use-gputype=H200 matches no GPU type" in first.summary
+    assert "NVIDIA-Tesla T4" in first.fix
+
+
+def _mig_node(config: str, state: str) -> dict:
+    return _node(
+        "mig",
+        **{"nvidia.com/mig.config": config, "nvidia.com/mig.config.state": state},
+    )
+
+
+MIG_CONFIGMAP = {
+    "metadata": {"name": "default-mig-parted-config", "namespace": "gpu-operator"},
+    "data": {"config.yaml": "version: v1\nmig-configs:\n  all-disabled: []\n  all-1g.10gb: []\n"},
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "state", "link_state", "words"),
+    [
+        ("all-2g.20gb", "failed", BROKEN, "names no config"),
+        ("all-1g.10gb", "failed", BROKEN, "failed to apply"),
+        ("all-1g.10gb", "pending", "waiting", "applying"),
+        ("all-1g.10gb", "success", OK, "success"),
+    ],
+)
+def test_mig_config_state(config: str, state: str, link_state: str, words: str) -> None:
+    objs = ObjectSet(
+        Target("node", "mig"), nodes=[_mig_node(config, state)], configmaps=[MIG_CONFIGMAP]
+    )
+    mig = next(link for link in diagnose(objs).links if link.name == "mig")
+    assert mig.state == link_state
+    assert words in mig.summary
+
+
+def test_a_cordoned_node_and_a_missing_object() -> None:
+    node = _node("n")
+    node["spec"]["unschedulable"] = True
+    objs = ObjectSet(Target("pod", "p", "ns"), pods=[_pod()], nodes=[node])
+    assert diagnose(objs).broken.summary == "the nodes are cordoned"  # type: ignore[union-attr]
+    missing = diagnose(ObjectSet(Target("pod", "nope", "ns")))
+    assert missing.broken is not None and "does not exist" in missing.broken.summary
+
+
+def test_save_and_load_round_trip(tmp_path: Path) -> None:
+    objs = load("gang-deadlock-train-a")
+    path = tmp_path / "set.json"
+    path.write_text(objs.to_json())
+    again = ObjectSet.load(path)
+    assert again == objs
+    assert diagnose(copy.deepcopy(again)).to_dict() == diagnose(objs).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("kind", "ref", "message"),
+    [
+        ("pod", "justaname", "pod wants NAMESPACE/NAME"),
+        ("node", "ns/node", "node is cluster-scoped"),
+    ],
+)
+def test_bad_refs(kind: str, ref: str, message: str) -> None:
+    with pytest.raises(CLIError, match=message):
+        parse_target(kind, ref)
+    assert parse_target("workload", "a/b") == Target("workload", "b", "a")
