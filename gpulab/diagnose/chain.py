@@ -638,24 +638,46 @@ def volcano_podgroup_link(objs: ObjectSet, ns: str, name: str) -> Link:
         )
     if phase in ("Running", "Completed"):
         return Link("volcano", OK, f"PodGroup {ns}/{name} {phase}", evidence)
-    unsched = next(
-        (
-            c
-            for c in status(pg).get("conditions") or []
-            if c.get("type") == "Unschedulable" and c.get("status") == "True"
-        ),
-        None,
-    )
-    if unsched is not None:
+    notes = [
+        str(c.get("message"))
+        for c in status(pg).get("conditions") or []
+        if c.get("type") == "Unschedulable" and c.get("status") == "True"
+    ] + [
+        message(e)
+        for e in events_about(objs.events, "PodGroup", name, ns)
+        if e.get("reason") == "Unschedulable"
+    ][-2:]
+    evidence += [f"Unschedulable: {n}" for n in notes]
+    over = _over_capability(pg, queue)
+    if phase in ("", "Pending") and over:
         return Link(
             "volcano",
             BROKEN,
-            f"gang {ns}/{name} ({phase}) cannot be placed whole: {unsched.get('message')}",
+            f"gang {ns}/{name} needs {over} at once, more than Queue {queue_name}'s capability: "
+            "enqueue never lets it in",
+            evidence,
+            fix=f"raise Queue {queue_name}'s spec.capability, or make the job smaller "
+            "(minAvailable x each task's request)",
+        )
+    if notes:
+        return Link(
+            "volcano",
+            BROKEN,
+            f"gang {ns}/{name} ({phase or 'Pending'}) cannot be placed whole: {notes[-1]}",
             evidence,
             fix="free or add what the gang needs (it binds only when minMember tasks fit at "
             "once), or lower minAvailable if the job can start with fewer",
         )
     return Link("volcano", WAITING, f"PodGroup {ns}/{name} {phase or 'Pending'}", evidence)
+
+
+def _over_capability(pg: Obj, queue: Obj) -> str:
+    """The first resource of the PodGroup's minResources above its Queue's capability."""
+    capability = spec(queue).get("capability") or {}
+    for r, v in (spec(pg).get("minResources") or {}).items():
+        if r in capability and _quantity(v) > _quantity(capability[r]):
+            return f"{v} {r} (capability {capability[r]})"
+    return ""
 
 
 def coscheduling_link(objs: ObjectSet, ns: str, name: str) -> Link:

@@ -63,10 +63,12 @@ def cmd_lab(args: argparse.Namespace) -> int:
         _hint_file(spec.name, lab.name).unlink(missing_ok=True)
         console.print(f"\n[bold]lab {lab.name}[/bold]: {lab.summary}")
         for case in lab.cases(backend.api()):
+            kind, ref = case.target
             console.print(f"  - {case.symptom}")
+            console.print(f"      gpulab diagnose {kind} {ref} --cluster {spec.name}")
         console.print(
-            f"\nDiagnose: `gpulab diagnose pod {lab.namespace}/<pod> --cluster {spec.name}`; "
-            f"hints: `gpulab lab hint {lab.name}`; when fixed: `gpulab lab check {lab.name}`"
+            f"\nhints: `gpulab lab hint {lab.name}`; when you think it is fixed: "
+            f"`gpulab lab check {lab.name}`; kubectl: `gpulab kubectl --spec {SPEC} ...`"
         )
         return 0
     _, backend = backend_for(spec, args.backend, args.kubeconfig)

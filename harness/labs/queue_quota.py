@@ -114,7 +114,7 @@ def job(name: str, queue: str | None, gpus: int) -> dict[str, Any]:
                             "resources": {"limits": {GPU: str(gpus)}},
                         }
                     ],
-                }
+                },
             },
         },
     }

@@ -37,7 +37,12 @@ BROKEN_CASES = [
     ("queue-quota-missing-clusterqueue", "kueue", ["names ClusterQueue lab-cq-b", "not exist"]),
     ("queue-quota-quota-changed", "kueue", ["below what its admitted Workloads hold"]),
     ("queue-quota-unqueued", "kueue", ["no kueue.x-k8s.io/queue-name label", "unqueued"]),
+    # the Volcano demo's job larger than its queue (make demo-volcano)
+    ("volcano-too-big", "volcano", ["needs 8 nvidia.com/gpu", "capability 4"]),
 ]
+# Running pods of the lab's fixed states and of each chapter's demo, on the demo's own
+# cluster: default (cluster, device plugin with MIG, Kueue), hami, volcano
+HEALTHY = sorted(p.stem for p in FIXTURES.glob("healthy-*.json"))
 
 
 @pytest.mark.parametrize(("fixture", "link", "words"), BROKEN_CASES)
@@ -71,7 +76,17 @@ def test_a_plugin_out_of_its_daemonset_names_the_missing_node_label() -> None:
     assert "kubectl label node gpu-dp-1 nvidia.com/gpu.present=true" in first.fix
 
 
-@pytest.mark.parametrize("fixture", ["healthy-a100-job", "healthy-kueue-job-c1"])
+def test_every_chapters_demo_has_a_healthy_fixture() -> None:
+    assert {
+        "healthy-demo-cluster",
+        "healthy-demo-device-plugin",
+        "healthy-demo-hami",
+        "healthy-demo-kueue-a",
+        "healthy-volcano-gang-worker",
+    } <= set(HEALTHY)
+
+
+@pytest.mark.parametrize("fixture", HEALTHY)
 def test_a_healthy_pod_has_no_broken_link(fixture: str) -> None:
     report = diagnose(load(fixture))
     assert report.broken is None, report.answer()
