@@ -1084,8 +1084,8 @@ def _hami_filter(
         return Link(
             "filter",
             BROKEN,
-            f"HAMi Filter: {HAMI_USE_TYPE}={use} matches no GPU type (CardTypeMismatch on "
-            "every node)",
+            f"HAMi Filter: {HAMI_USE_TYPE}={use} matches no GPU type (CardTypeMismatch on the "
+            "HAMi nodes)",
             [*evidence, f"registered GPU types: {', '.join(types) or 'none'}"],
             fix=f"set {HAMI_USE_TYPE} to a substring of a registered type "
             f"({', '.join(types) or 'none'}) or drop the annotation",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -85,18 +85,26 @@ def load(name: str) -> Lab:
 # ---------------------------------------------------------------- shared steps
 
 
+# HAMi's documented opt-out: its webhook leaves pods of such namespaces alone, so only the
+# HAMi case's pods go to hami-scheduler on the labs cluster
+HAMI_IGNORE = {"hami.io/webhook": "ignore"}
+
+
 @dataclass
 class Namespace:
-    """The lab's namespace, labelled as the lab's (``gpulab lab stop`` deletes it)."""
+    """The lab's namespace, labelled as the lab's (``gpulab lab stop`` deletes it) and,
+    unless ``hami`` is set, out of HAMi's webhook."""
 
     name: str
-    labels: dict[str, str] = field(default_factory=dict)
+    hami: bool = False
 
     def create(self, api: client.ApiClient, lab: str) -> None:
         core = client.CoreV1Api(api)
         self.delete(api)
         body = client.V1Namespace(
-            metadata=client.V1ObjectMeta(name=self.name, labels={LAB_LABEL: lab, **self.labels})
+            metadata=client.V1ObjectMeta(
+                name=self.name, labels={LAB_LABEL: lab, **({} if self.hami else HAMI_IGNORE)}
+            )
         )
         core.create_namespace(body)
         wait_for(
@@ -134,6 +142,7 @@ def deployment(
     tolerations: list[Obj] | None = None,
     annotations: dict[str, str] | None = None,
     scheduler: str | None = None,
+    extra: dict[str, str] | None = None,
 ) -> Obj:
     """A one-replica Deployment asking for ``gpus`` of ``resource``: what the learner edits
     (a pod's resources or selectors cannot change; its Deployment's can)."""
@@ -142,7 +151,7 @@ def deployment(
             {
                 "name": "main",
                 "image": "registry.k8s.io/pause:3.10",
-                "resources": {"limits": {resource: str(gpus)}},
+                "resources": {"limits": {resource: str(gpus), **(extra or {})}},
             }
         ],
         "terminationGracePeriodSeconds": 0,

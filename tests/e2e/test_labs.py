@@ -23,7 +23,7 @@ from gpulab.diagnose.chain import diagnose
 from gpulab.diagnose.commands import parse_target
 from gpulab.diagnose.reader import read
 from gpulab.wait import wait_for
-from harness.labs import load
+from harness.labs import HAMI_IGNORE, load
 
 pytestmark = pytest.mark.local_backend  # Xid injection and node-agent restarts
 
@@ -95,6 +95,8 @@ def test_lab_unschedulable(labs: Cluster) -> None:
         selector = {u.PRODUCT: u.A100, "gpulab.io/lab-pool": "unschedulable"}
         patch = {"spec": {"template": {"spec": {"nodeSelector": selector}}}}
         kubectl(labs, "-n", ns, "patch", "deploy/v100-job", "-p", json.dumps(patch))
+        patch = {"spec": {"template": {"metadata": {"annotations": {u.HAMI_TYPE_KEY: "T4"}}}}}
+        kubectl(labs, "-n", u.HAMI_NS, "patch", f"deploy/{u.HAMI_APP}", "-p", json.dumps(patch))
         labs.backend.clear_faults(u.XID_NODE)
         kubectl(
             labs, "-n", "gpulab-system", "delete", "pod", "-l",
@@ -225,7 +227,8 @@ def test_no_false_alarm_on_the_chapters_demo_objects(labs: Cluster) -> None:
     them: the cluster demo's GPU pod, a Coscheduling gang (demos/coscheduling.py's
     workers), Kueue's queues and a queued Job (demos/kueue.py). Once they run,
     `gpulab diagnose` names no broken link on any of them. (HAMi, Volcano and MIG demo
-    objects are recorded fixtures: tests/unit/test_diagnose.py.)"""
+    objects are recorded fixtures: tests/unit/test_diagnose.py; the HAMi case of
+    lab-unschedulable runs a HAMi pod here.)"""
     from demos import coscheduling, kueue
     from demos.common import fresh_namespace
     from gpulab.framework.objects import GPU, make_pod
@@ -234,7 +237,9 @@ def test_no_false_alarm_on_the_chapters_demo_objects(labs: Cluster) -> None:
     api = labs.api
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
-    fresh_namespace(api, coscheduling.NAMESPACE)
+    for ns in (coscheduling.NAMESPACE, kueue.TEAM_A):
+        fresh_namespace(api, ns)
+        core.patch_namespace(ns, {"metadata": {"labels": HAMI_IGNORE}})  # as lab namespaces
     custom.create_namespaced_custom_object(
         apis.GROUP, apis.VERSION, coscheduling.NAMESPACE, "podgroups",
         apis.pod_group("healthy", coscheduling.NAMESPACE, 2),
@@ -243,7 +248,6 @@ def test_no_false_alarm_on_the_chapters_demo_objects(labs: Cluster) -> None:
         core.create_namespaced_pod(coscheduling.NAMESPACE, coscheduling.worker("healthy", i))
     plain = make_pod("gpu-pod", coscheduling.NAMESPACE, requests={GPU: 1})
     core.create_namespaced_pod(coscheduling.NAMESPACE, plain)
-    fresh_namespace(api, kueue.TEAM_A)
     for body in (
         kueue.flavor(kueue.FLAVOR),
         kueue.cluster_queue(kueue.CQ_A, kueue.TEAM_A, 2, kueue.FLAVOR),

@@ -28,6 +28,7 @@ BROKEN_CASES = [
     ("unschedulable-h100-job", "filter", ["tainted", "gpu-h100", "dedicated"]),
     ("unschedulable-v100-job", "filter", ["Tesla-V100-SXM2-16GB is on no node", "Tesla-T4"]),
     ("unschedulable-a100-job", "node", ["8 GPU(s) of gpu-a100 are Unhealthy", "Xid"]),
+    ("unschedulable-vgpu-job", "filter", ["use-gputype=A100 matches no GPU type"]),
     ("device-plugin-inference-grace", "node", ["nvidia.com/gpu.shared=8 instead", "lab-shared"]),
     ("device-plugin-inference", "node", ["instead of nvidia.com/gpu", "capacity 0"]),
     ("device-plugin-trainer-grace", "node", ["not running: capacity 4, allocatable 0"]),
