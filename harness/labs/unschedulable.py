@@ -100,9 +100,10 @@ class UnschedulableLab:
         "compare a node's capacity and allocatable for nvidia.com/gpu: a gap means devices "
         "the device plugin reports Unhealthy (`kubectl get events -A "
         "--field-selector involvedObject.kind=Node`)",
-        "a HAMi pod's Filter table: `gpulab explain pod -n lab-unschedulable-hami NAME --spec "
-        "labs`; `kubectl get node gpu-hami -o jsonpath='{.metadata.annotations}'` shows the "
-        "registered GPU types (hami.io/node-nvidia-register)",
+        "a HAMi pod's Filter table: `gpulab explain pod NAME -n lab-unschedulable-hami "
+        "--kubeconfig <labs kubeconfig>`; `kubectl get node gpu-hami -o "
+        "jsonpath='{.metadata.annotations}'` shows the registered GPU types "
+        "(hami.io/node-nvidia-register)",
     )
 
     def start(self, backend: object, progress: Progress) -> None:
@@ -169,7 +170,7 @@ def hami_deployment(gpu_type: str) -> dict:
         HAMI_APP,
         HAMI_NS,
         1,
-        node_selector=POOL,
+        node_selector={POOL_LABEL: HAMI_NS.removeprefix("lab-")},
         annotations={HAMI_TYPE_KEY: gpu_type},
         extra={"nvidia.com/gpumem": "2000"},
     )

@@ -23,7 +23,7 @@ from gpulab.diagnose.chain import diagnose
 from gpulab.diagnose.commands import parse_target
 from gpulab.diagnose.reader import read
 from gpulab.wait import wait_for
-from harness.labs import HAMI_IGNORE, load
+from harness.labs import HAMI_IGNORE, POOL_LABEL, load
 
 pytestmark = pytest.mark.local_backend  # Xid injection and node-agent restarts
 
@@ -244,9 +244,18 @@ def test_no_false_alarm_on_the_chapters_demo_objects(labs: Cluster) -> None:
         apis.GROUP, apis.VERSION, coscheduling.NAMESPACE, "podgroups",
         apis.pod_group("healthy", coscheduling.NAMESPACE, 2),
     )  # fmt: skip
+    # on the labs' own nodes: the T4 profile is also the HAMi node's, whose device plugin
+    # allocates only pods HAMi's extender bound
     for i in range(2):
-        core.create_namespaced_pod(coscheduling.NAMESPACE, coscheduling.worker("healthy", i))
-    plain = make_pod("gpu-pod", coscheduling.NAMESPACE, requests={GPU: 1})
+        worker = coscheduling.worker("healthy", i)
+        worker["spec"]["nodeSelector"] = {POOL_LABEL: "gang-deadlock"}
+        core.create_namespaced_pod(coscheduling.NAMESPACE, worker)
+    plain = make_pod(
+        "gpu-pod",
+        coscheduling.NAMESPACE,
+        requests={GPU: 1},
+        node_selector={POOL_LABEL: "unschedulable"},
+    )
     core.create_namespaced_pod(coscheduling.NAMESPACE, plain)
     for body in (
         kueue.flavor(kueue.FLAVOR),
