@@ -1375,10 +1375,15 @@ def mig_link(objs: ObjectSet, node: Obj) -> Link:
             fix=f"set {MIG_CONFIG} to one of {', '.join(sorted(configs))}",
         )
     if state == "failed":
+        why = [
+            e
+            for e in _node_events(objs, name_of(node))
+            if e.get("type") == "Warning" and "mig-manager" in reporter(e)
+        ]
         return Link(
             "mig",
             BROKEN,
-            f"mig-manager failed to apply {wanted}",
+            f"mig-manager failed to apply {wanted}" + (f": {message(why[-1])}" if why else ""),
             evidence,
             fix="read the mig-manager's Event on the node / its log, fix and relabel",
         )

@@ -317,3 +317,23 @@ def test_bad_refs(kind: str, ref: str, message: str) -> None:
     with pytest.raises(CLIError, match=message):
         parse_target(kind, ref)
     assert parse_target("workload", "a/b") == Target("workload", "b", "a")
+
+
+def test_a_failed_mig_change_quotes_the_mig_managers_event() -> None:
+    event = {
+        "involvedObject": {"kind": "Node", "name": "mig"},
+        "type": "Warning",
+        "reason": "applyMigConfig",
+        "reportingComponent": "gpulab.io/nvidia-mig-manager",
+        "message": "GPU 0 cannot hold 8 x 1g.10gb",
+        "eventTime": "2026-12-01T00:00:00Z",
+    }
+    objs = ObjectSet(
+        Target("node", "mig"),
+        nodes=[_mig_node("all-1g.10gb", "failed")],
+        configmaps=[MIG_CONFIGMAP],
+        events=[event],
+    )
+    mig = next(link for link in diagnose(objs).links if link.name == "mig")
+    assert mig.state == BROKEN
+    assert mig.summary.endswith("failed to apply all-1g.10gb: GPU 0 cannot hold 8 x 1g.10gb")
