@@ -58,6 +58,8 @@ def parse_target(kind: str, ref: str) -> Target:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
+    import urllib3
+
     from gpulab.dashboard.commands import kubeconfig_for
     from gpulab.diagnose.chain import diagnose
     from gpulab.diagnose.reader import read
@@ -65,7 +67,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
     target = parse_target(args.kind, args.ref)
     api = api_client(kubeconfig_for(args.cluster, args.kubeconfig))
-    objs = read(api, target)
+    try:
+        objs = read(api, target)
+    except urllib3.exceptions.HTTPError as exc:
+        raise CLIError(
+            f"cannot reach the API server at {api.configuration.host} ({type(exc).__name__}); "
+            "is the cluster up? choose it with --cluster NAME or --kubeconfig PATH"
+        ) from exc
     if args.save:
         args.save.write_text(objs.to_json())
     report = diagnose(objs)
