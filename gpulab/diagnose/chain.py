@@ -63,6 +63,7 @@ from gpulab.diagnose.objects import (
     spec,
     status,
 )
+from gpulab.framework.plugins.defaultbinder import FILTER_RESULT as SIMULATOR_FILTER_RESULT
 from gpulab.framework.predicates import (
     fits_request,
     node_affinity_matches,
@@ -185,10 +186,21 @@ def pod_chain(objs: ObjectSet, pod: Obj) -> list[Link]:
 
 
 def _placement(pod: Obj) -> list[str]:
+    """What the scheduler recorded about the node it chose: HAMi's Filter table, or
+    gpulab-scheduler's per-plugin Filter results (NodeResourceTopologyMatch's zone fit)."""
     out = []
     record = filter_record(pod)
     if record:
         out.append(f"HAMi Filter chose {record.get('chosen')} ({record.get('nodePolicy')})")
+    raw = annotations(pod).get(SIMULATOR_FILTER_RESULT)  # gpulab-scheduler's DefaultBinder
+    if raw:
+        try:
+            results = json.loads(raw).get(str(spec(pod).get("nodeName")), {})
+        except (ValueError, AttributeError):
+            results = {}
+        if isinstance(results, Mapping) and results:
+            plugins = ", ".join(f"{p}: {r}" for p, r in sorted(results.items()))
+            out.append(f"gpulab-scheduler Filter on {spec(pod).get('nodeName')}: {plugins}")
     return out
 
 

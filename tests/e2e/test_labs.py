@@ -225,19 +225,20 @@ def test_lab_cli_hints_and_unknown_lab() -> None:
 def test_no_false_alarm_on_the_chapters_demo_objects(labs: Cluster) -> None:
     """Demo objects of the chapters the labs cluster runs, created as the demos create
     them: the cluster demo's GPU pod, a Coscheduling gang (demos/coscheduling.py's
-    workers), Kueue's queues and a queued Job (demos/kueue.py). Once they run,
+    workers), the NUMA demo's 4-GPU pod for gpulab-scheduler (demos/numa.py), Kueue's
+    queues and a queued Job (demos/kueue.py). Once they run,
     `gpulab diagnose` names no broken link on any of them. (HAMi, Volcano and MIG demo
     objects are recorded fixtures: tests/unit/test_diagnose.py; the HAMi case of
     lab-unschedulable runs a HAMi pod here.)"""
-    from demos import coscheduling, kueue
+    from demos import coscheduling, kueue, numa
     from demos.common import fresh_namespace
-    from gpulab.framework.objects import GPU, make_pod
+    from gpulab.framework.objects import GPU, make_pod, manifest
     from gpulab.schedulerplugins import apis
 
     api = labs.api
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
-    for ns in (coscheduling.NAMESPACE, kueue.TEAM_A):
+    for ns in (coscheduling.NAMESPACE, kueue.TEAM_A, numa.NAMESPACE):
         fresh_namespace(api, ns)
         core.patch_namespace(ns, {"metadata": {"labels": HAMI_IGNORE}})  # as lab namespaces
     custom.create_namespaced_custom_object(
@@ -266,15 +267,19 @@ def test_no_false_alarm_on_the_chapters_demo_objects(labs: Cluster) -> None:
     client.BatchV1Api(api).create_namespaced_job(
         kueue.TEAM_A, kueue.queued_job("healthy", "team-a", 1, 3600)
     )
+    train = numa.numa_pod(
+        "train", scheduler=numa.SCHEDULER, node_selector={POOL_LABEL: "unschedulable"}
+    )
+    core.create_namespaced_pod(numa.NAMESPACE, manifest(train))
     try:
 
         def running() -> list[client.V1Pod]:
             pods = [
                 p
-                for ns in (coscheduling.NAMESPACE, kueue.TEAM_A)
+                for ns in (coscheduling.NAMESPACE, kueue.TEAM_A, numa.NAMESPACE)
                 for p in core.list_namespaced_pod(ns).items
             ]
-            return pods if len(pods) == 4 and all(p.status.phase == "Running" for p in pods) else []
+            return pods if len(pods) == 5 and all(p.status.phase == "Running" for p in pods) else []
 
         pods = wait_for(running, 90, "the demo objects to run", 0.5)
         for p in pods:
@@ -291,7 +296,7 @@ def test_no_false_alarm_on_the_chapters_demo_objects(labs: Cluster) -> None:
         for node in ("gpu-a100", "gpu-t4-0", "gpu-q"):
             assert first_broken(api, "node", node)[0] is None
     finally:
-        for ns in (coscheduling.NAMESPACE, kueue.TEAM_A):
+        for ns in (coscheduling.NAMESPACE, kueue.TEAM_A, numa.NAMESPACE):
             core.delete_namespace(ns)
         for plural, name in (("clusterqueues", kueue.CQ_A), ("resourceflavors", kueue.FLAVOR)):
             custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", plural, name)

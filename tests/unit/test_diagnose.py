@@ -337,3 +337,24 @@ def test_a_failed_mig_change_quotes_the_mig_managers_event() -> None:
     mig = next(link for link in diagnose(objs).links if link.name == "mig")
     assert mig.state == BROKEN
     assert mig.summary.endswith("failed to apply all-1g.10gb: GPU 0 cannot hold 8 x 1g.10gb")
+
+
+def test_a_bound_pod_quotes_gpulab_schedulers_filter_results() -> None:
+    """gpulab-scheduler's DefaultBinder records node -> plugin -> Filter result on the pod
+    (kube-scheduler-simulator's annotation); the filter link quotes the chosen node's."""
+    objs = load("healthy-a100-job")
+    pod = next(p for p in objs.pods if p["metadata"]["name"] == objs.target.name)
+    results = {
+        "gpu-a100": {"NodeResourceTopologyMatch": "passed", "NodeResourcesFit": "passed"},
+        "gpu-h100": {"NodeResourceTopologyMatch": "cannot align container: 4 nvidia.com/gpu"},
+    }
+    pod["metadata"].setdefault("annotations", {})[
+        "kube-scheduler-simulator.sigs.k8s.io/filter-result"
+    ] = json.dumps(results)
+    report = diagnose(objs)
+    assert report.broken is None, report.answer()
+    link = next(link for link in report.links if link.name == "filter")
+    assert (
+        "gpulab-scheduler Filter on gpu-a100: NodeResourceTopologyMatch: passed, "
+        "NodeResourcesFit: passed" in link.evidence
+    ), link.evidence
