@@ -13,7 +13,7 @@ GPULAB := $(BIN)/gpulab
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
         demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
         test-dashboard bench-dashboard \
-        demo-coscheduling demo-numa demo-volcano \
+        demo-coscheduling demo-numa demo-volcano demo-gpu-operator \
         lab-unschedulable lab-device-plugin lab-gang-deadlock lab-queue-quota
 
 setup: venv fake-gpu binaries dashboard-web
@@ -70,6 +70,9 @@ demo-numa: setup
 
 demo-volcano: setup
 	@$(GPULAB) demo volcano --backend local --spec volcano
+
+demo-gpu-operator: setup
+	@$(GPULAB) demo gpu-operator --backend local --spec gpu-operator
 
 # Troubleshooting labs (harness/labs, docs/workshop.md): each breaks its chapter on the
 # labs cluster (--spec labs) and prints the symptom; then `gpulab lab hint|check|stop NAME`.

@@ -15,32 +15,11 @@ from bench import cluster_start, dashboard, hami_extender, kueue_admission, volc
 REPORTS = Path(__file__).resolve().parent / "reports"
 
 
-def cluster_start_section(cs: dict[str, Any]) -> list[str]:
-    return [
-        "## Cluster start (local backend, binaries cached)",
-        "",
-        f"{cs['nodes']} simulated GPU nodes, {cs['rounds']} rounds.",
-        "",
-        "| measure | median | all rounds |",
-        "|---|---|---|",
-        f"| `up` → all nodes Ready | {cs['up_median_s']:.1f} s | "
-        + ", ".join(f"{x:.1f}" for x in cs["up_s"])
-        + " |",
-        f"| of which kube-apiserver /readyz | {cs['apiserver_ready_median_s']:.1f} s | |",
-        f"| `down` → processes gone, ports free | {cs['down_median_s']:.1f} s | "
-        + ", ".join(f"{x:.1f}" for x in cs["down_s"])
-        + " |",
-        "",
-        f"Target: ready in under {cs['target_up_s']:.0f} s → "
-        + ("met." if cs["up_median_s"] < cs["target_up_s"] else "**not met**."),
-    ]
-
-
 # name -> (run, its REPORT.md section), in report order
 BENCHMARKS: dict[
     str, tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], list[str]]]
 ] = {
-    "cluster_start": (cluster_start.run, cluster_start_section),
+    "cluster_start": (cluster_start.run, cluster_start.section),
     "kueue_admission": (kueue_admission.run, kueue_admission.section),
     "hami_extender": (hami_extender.run, hami_extender.section),
     "dashboard": (dashboard.run, dashboard.section),

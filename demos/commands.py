@@ -15,6 +15,7 @@ CHAPTERS = {
     "coscheduling": "demos.coscheduling",
     "numa": "demos.numa",
     "volcano": "demos.volcano",
+    "gpu-operator": "demos.gpu_operator",
 }
 
 

@@ -194,14 +194,17 @@ class LocalTransform:
 def load_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """All YAML documents under ``paths`` (files or directories, sorted, recursive).
 
-    ``samples/`` directories are examples for users to apply, not part of a deployment:
-    walking a directory skips them (name a sample file explicitly to load it).
+    ``samples/`` directories are examples for users to apply, ``assets/`` templates a
+    controller renders (the GPU Operator's operands): neither is part of a deployment, so
+    walking a directory skips them (name a file explicitly to load it).
     """
     docs: list[dict[str, Any]] = []
     for path in paths:
         if path.is_dir():
             files = sorted(
-                f for f in path.rglob("*.yaml") if "samples" not in f.relative_to(path).parts
+                f
+                for f in path.rglob("*.yaml")
+                if not {"samples", "assets"} & set(f.relative_to(path).parts)
             )
         else:
             files = [path]

@@ -164,10 +164,13 @@ class LocalCluster(ClusterAPI):
             self._start_control_plane(progress)
             self._create_nodes(progress)
             self._start_pod_runner(progress)
-            self._wait_ready(progress)
+            # nothing below waits for the controller-manager's first seconds: the base
+            # manifests and the chapters' objects go in while it starts (each addon then
+            # waits for its own components), the node and health checks come last
             self._apply_base(progress)
             for addon in self.spec.addons:
                 self.ensure_addon(addon, progress)
+            self._wait_ready(progress)
         except BaseException:
             progress("start-up failed; stopping what was started")
             self.down(lambda _m: None)
@@ -486,8 +489,9 @@ class LocalCluster(ClusterAPI):
         from kubernetes import client
 
         core = client.CoreV1Api(self.api())
-        # With the device-plugin addon the node agent advertises the GPUs, as kubelet does
-        static = "device-plugin" not in self.spec.addons
+        # With an addon that deploys a device plugin the node agent advertises the GPUs,
+        # as kubelet does
+        static = not addons.DEVICE_PLUGINS & set(self.spec.addons)
         for node in self.spec.nodes:
             core.create_node(node_object(node, static_gpus=static))
         gpus = sum(1 for n in self.spec.nodes if n.profile)
@@ -499,6 +503,8 @@ class LocalCluster(ClusterAPI):
         node gets the files kind would mount into its container."""
         for node in self.spec.nodes:
             (self.dir / "nodes" / node.name / "device-plugins").mkdir(parents=True, exist_ok=True)
+            # /run is a tmpfs: a node starts without what its pods left there last time
+            _rmtree(volumes.host_path(self.dir, node.name, "/run"))
             if node.profile:
                 mounted = volumes.host_path(self.dir, node.name, PROFILE_MOUNT)
                 mounted.parent.mkdir(parents=True, exist_ok=True)

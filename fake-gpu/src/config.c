@@ -3,11 +3,14 @@
  * init must fail loudly instead of inventing GPUs. */
 #include "config.h"
 
+#include "mig.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum {
     SEEN_NAME = 1 << 0,
@@ -92,14 +95,30 @@ static int parse_gi_profile(const char *s, struct fg_gi_profile *p)
     return 0;
 }
 
-/* "<uuid>,<profile enum>,<gi id>,<ci id>" */
+/* "<uuid>,<profile enum>,<gi id>,<ci id>[,<start>]": a ci id of "-" is a GPU instance
+ * without its compute instance; the start (first memory slice) is in state files only. */
 static int parse_mig(const char *s, struct fg_mig *m)
 {
+    char ci[16];
     int n = 0;
-    if (sscanf(s, "%95[^,],%u,%u,%u%n", m->uuid, &m->profile, &m->gi_id, &m->ci_id, &n) != 4 ||
-        s[n] != '\0' || m->profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+    memset(m, 0, sizeof *m);
+    if (sscanf(s, "%95[^,],%u,%u,%15[^,]%n", m->uuid, &m->profile, &m->gi_id, ci, &n) != 4 ||
+        m->profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
         return -1;
-    return 0;
+    if (s[n] == ',') {
+        unsigned long long start;
+        if (parse_uint(s + n + 1, FG_MEMORY_SLICES - 1, &start))
+            return -1;
+        m->start = (unsigned int)start;
+        m->has_start = 1;
+    } else if (s[n] != '\0') {
+        return -1;
+    }
+    m->present = 1;
+    if (!strcmp(ci, "-"))
+        return 0;
+    m->has_ci = 1;
+    return parse_u32(ci, &m->ci_id);
 }
 
 static int parse_bus_id(const char *s, struct fg_gpu *g)
@@ -262,17 +281,18 @@ static int validate(struct fg_config *cfg, char *err, unsigned long errlen)
         for (unsigned int j = 0; j < g->mig_count; j++)
             if (!g->gi[g->mig[j].profile].present)
                 return fail(err, errlen, "gpu.%u.mig.%u uses an undeclared gi_profile", i, j);
+        if (fg_mig_place_all(g) != 0)
+            return fail(err, errlen, "gpu.%u: the MIG instances do not fit on the GPU", i);
     }
     return 0;
 }
 
-int fg_config_load(const char *path, struct fg_config *cfg, char *err, unsigned long errlen)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return fail(err, errlen, "cannot open: %s", strerror(errno));
+/* One key=value line of a file; returns 0, or -1 for a bad or unknown entry. */
+typedef int (*line_fn)(struct fg_config *cfg, const char *key, const char *val, void *ctx);
 
-    memset(cfg, 0, sizeof *cfg);
+static int read_lines(FILE *f, struct fg_config *cfg, line_fn fn, void *ctx, char *err,
+                      unsigned long errlen)
+{
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -290,23 +310,122 @@ int fg_config_load(const char *path, struct fg_config *cfg, char *err, unsigned 
             break;
         }
         *eq = '\0';
-        const char *key = line, *val = eq + 1;
-        unsigned int idx;
-        int n = 0;
-        int bad;
-        if (sscanf(key, "gpu.%u.%n", &idx, &n) == 1 && n > 0) {
-            bad = idx >= FG_MAX_GPUS || gpu_key(&cfg->gpus[idx], key + n, val);
-        } else {
-            bad = top_key(cfg, key, val);
-        }
-        if (bad) {
-            rc = fail(err, errlen, "line %u: bad or unknown entry '%s'", lineno, key);
+        if (fn(cfg, line, eq + 1, ctx)) {
+            rc = fail(err, errlen, "line %u: bad or unknown entry '%s'", lineno, line);
             break;
         }
     }
     free(line);
+    return rc;
+}
+
+static int config_line(struct fg_config *cfg, const char *key, const char *val, void *ctx)
+{
+    (void)ctx;
+    unsigned int idx;
+    int n = 0;
+    if (sscanf(key, "gpu.%u.%n", &idx, &n) == 1 && n > 0)
+        return idx >= FG_MAX_GPUS || gpu_key(&cfg->gpus[idx], key + n, val);
+    return top_key(cfg, key, val);
+}
+
+int fg_config_load(const char *path, struct fg_config *cfg, char *err, unsigned long errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return fail(err, errlen, "cannot open: %s", strerror(errno));
+    memset(cfg, 0, sizeof *cfg);
+    int rc = read_lines(f, cfg, config_line, NULL, err, errlen);
     fclose(f);
     if (rc == 0)
         rc = validate(cfg, err, errlen);
     return rc;
+}
+
+/* ---------------------------------------------------------------- MIG state file */
+
+/* State lines: version=1, gpu.N.mig_mode, gpu.N.mig_count, gpu.N.mig.J. The first line
+ * naming a GPU drops the MIG instances the config gave it. */
+static int state_line(struct fg_config *cfg, const char *key, const char *val, void *ctx)
+{
+    unsigned long long *touched = ctx; /* bit i: gpu.i seen */
+    unsigned int idx, j;
+    int n = 0;
+    if (!strcmp(key, "version"))
+        return strcmp(val, "1") ? -1 : 0;
+    if (sscanf(key, "gpu.%u.%n", &idx, &n) != 1 || n == 0 || idx >= cfg->gpu_count)
+        return -1;
+    const char *rest = key + n;
+    int m = 0;
+    if (strcmp(rest, "mig_mode") && strcmp(rest, "mig_count") &&
+        !(sscanf(rest, "mig.%u%n", &j, &m) == 1 && rest[m] == '\0'))
+        return -1;
+    struct fg_gpu *g = &cfg->gpus[idx];
+    if (!(*touched & (1ULL << idx))) {
+        *touched |= 1ULL << idx;
+        g->mig_count = 0;
+        g->mig_seen = 0;
+        memset(g->mig, 0, sizeof g->mig);
+    }
+    return gpu_key(g, rest, val);
+}
+
+int fg_state_load(const char *path, struct fg_config *cfg, char *err, unsigned long errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT)
+            return 1;
+        return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    }
+    unsigned long long touched = 0;
+    char why[200];
+    int rc = read_lines(f, cfg, state_line, &touched, why, sizeof why);
+    fclose(f);
+    if (rc == 0)
+        rc = validate(cfg, why, sizeof why);
+    if (rc != 0)
+        return fail(err, errlen, "%s: %s", path, why);
+    for (unsigned int i = 0; i < cfg->gpu_count; i++)
+        if ((touched & (1ULL << i)) && !cfg->gpus[i].mig_capable)
+            return fail(err, errlen, "%s: gpu.%u is not MIG capable", path, i);
+    return 0;
+}
+
+int fg_state_save(const char *path, const struct fg_config *cfg)
+{
+    char tmp[PATH_MAX + 16];
+    snprintf(tmp, sizeof tmp, "%s.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "# fake-gpu MIG state: written by the NVML shim on nvmlDeviceSetMigMode and on\n"
+               "# creating or destroying GPU/compute instances; format in fake-gpu/README.md\n"
+               "version=1\n");
+    for (unsigned int i = 0; i < cfg->gpu_count; i++) {
+        const struct fg_gpu *g = &cfg->gpus[i];
+        if (!g->mig_capable)
+            continue;
+        unsigned int count = 0;
+        for (unsigned int j = 0; j < FG_MAX_MIG; j++)
+            count += g->mig[j].present != 0;
+        fprintf(f, "gpu.%u.mig_mode=%d\ngpu.%u.mig_count=%u\n", i, g->mig_mode, i, count);
+        unsigned int k = 0;
+        for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+            const struct fg_mig *m = &g->mig[j];
+            if (!m->present)
+                continue;
+            char ci[16] = "-";
+            if (m->has_ci)
+                snprintf(ci, sizeof ci, "%u", m->ci_id);
+            fprintf(f, "gpu.%u.mig.%u=%s,%u,%u,%s,%u\n", i, k++, m->uuid, m->profile, m->gi_id, ci,
+                    m->start);
+        }
+    }
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
 }

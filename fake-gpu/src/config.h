@@ -21,10 +21,16 @@ struct fg_gi_profile {
     char name[32]; /* "1g.5gb" */
 };
 
+/* One GPU instance slot. A MIG device is a GPU instance with its compute instance; the
+ * shim gives every GPU instance at most one compute instance, of the instance's size. */
 struct fg_mig {
+    int present;          /* the GPU instance exists */
+    int has_ci;           /* its compute instance exists (then it is a MIG device) */
+    int has_start;        /* start was given (state file) rather than placed first-fit */
     unsigned int profile; /* NVML_GPU_INSTANCE_PROFILE_* */
     unsigned int gi_id;
     unsigned int ci_id;
+    unsigned int start; /* placement: first memory slice (of FG_MEMORY_SLICES) */
     char uuid[FG_STR];
 };
 
@@ -64,5 +70,14 @@ struct fg_config {
 
 /* Parse `path` into `cfg`. On failure returns -1 and writes a one-line reason to err. */
 int fg_config_load(const char *path, struct fg_config *cfg, char *err, unsigned long errlen);
+
+/* Overlay the node's MIG state file (written by fg_state_save after MIG-changing calls)
+ * on `cfg`: each GPU it names gets its MIG mode and instances from it. Returns 0, or 1
+ * when there is no such file (nothing changed), or -1 with a one-line reason in err. */
+int fg_state_load(const char *path, struct fg_config *cfg, char *err, unsigned long errlen);
+
+/* Write every MIG-capable GPU's MIG mode and instances to `path` (atomically: a temporary
+ * file renamed over it). Returns 0 or -1 (errno set). */
+int fg_state_save(const char *path, const struct fg_config *cfg);
 
 #endif

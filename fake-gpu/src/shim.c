@@ -2,7 +2,8 @@
  * gpulab profile. Exports the NVML entry points device plugins, GPU feature discovery and
  * MIG managers call; see fake-gpu/README.md for the environment and file formats.
  * Semantics (events, MIG instances, struct layouts) follow nvml.h as NVIDIA/go-nvml
- * v0.13.3 ships it. */
+ * v0.13.3 ships it; MIG mode and instances can be changed (mig-parted's calls) and
+ * persist in the node's MIG state file. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <libgen.h>
@@ -17,6 +18,7 @@
 
 #include "config.h"
 #include "faultlog.h"
+#include "mig.h"
 #include "nvml_types.h"
 
 #define NVML_API __attribute__((visibility("default")))
@@ -50,8 +52,10 @@ static int g_loaded;
 static int g_logged;
 static struct fg_config g_cfg;
 static char g_log_path[PATH_MAX + 32];
+static char g_state_path[PATH_MAX + 32]; /* the node's MIG state file (fg_state_save) */
 static struct fg_device g_dev[FG_MAX_GPUS * (1 + FG_MAX_MIG)];
-/* Compute instances: one per MIG device (each GPU instance holds one full-size CI). */
+/* Compute instances: one per GPU instance slot (each GPU instance holds at most one
+ * compute instance, of its own size). */
 static struct fg_device g_ci[FG_MAX_GPUS * FG_MAX_MIG];
 /* NVLink wiring: the peer GPU behind each link of each GPU, -1 for an inactive link. */
 static int g_link_peer[FG_MAX_GPUS][NVML_NVLINK_MAX_LINKS];
@@ -72,6 +76,17 @@ static void log_once(const char *fmt, const char *a, const char *b)
 static struct fg_device *mig_slot(unsigned int gpu, unsigned int mig)
 {
     return &g_dev[FG_MAX_GPUS + gpu * FG_MAX_MIG + mig];
+}
+
+/* The GPU instance handles (MIG slots of g_dev) and compute instance handles (g_ci) of a
+ * GPU follow its instance table: a destroyed instance's handle becomes invalid. */
+static void sync_handles(unsigned int gpu)
+{
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+        const struct fg_mig *m = &g_cfg.gpus[gpu].mig[j];
+        *mig_slot(gpu, j) = (struct fg_device){m->present, gpu, (int)j};
+        g_ci[gpu * FG_MAX_MIG + j] = (struct fg_device){m->present && m->has_ci, gpu, (int)j};
+    }
 }
 
 static int is_peer(const struct fg_gpu *g, unsigned int other)
@@ -124,24 +139,30 @@ static nvmlReturn_t load_config(void)
         log_once("%s%s", where, err);
         return missing ? NVML_ERROR_LIBRARY_NOT_FOUND : NVML_ERROR_UNKNOWN;
     }
+    char dir[PATH_MAX];
     const char *state = getenv("FAKE_GPU_STATE_DIR");
     if (state && *state) {
-        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", state);
+        snprintf(dir, sizeof dir, "%s", state);
     } else if (g_cfg.state_dir[0]) {
-        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", g_cfg.state_dir);
+        snprintf(dir, sizeof dir, "%s", g_cfg.state_dir);
     } else {
         char copy[PATH_MAX];
         snprintf(copy, sizeof copy, "%s", path);
-        snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", dirname(copy));
+        snprintf(dir, sizeof dir, "%s", dirname(copy));
+    }
+    snprintf(g_log_path, sizeof g_log_path, "%s/faults.log", dir);
+    snprintf(g_state_path, sizeof g_state_path, "%s/mig-state", dir);
+    /* MIG changes made through this library by earlier processes (mig-parted, the MIG
+     * manager) persist in the state file, as the driver keeps them across processes */
+    if (fg_state_load(g_state_path, &g_cfg, err, sizeof err) < 0) {
+        log_once("%s%s", "MIG state: ", err);
+        return NVML_ERROR_UNKNOWN;
     }
     memset(g_dev, 0, sizeof g_dev);
     memset(g_ci, 0, sizeof g_ci);
     for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
         g_dev[i] = (struct fg_device){1, i, -1};
-        for (unsigned int j = 0; j < g_cfg.gpus[i].mig_count; j++) {
-            *mig_slot(i, j) = (struct fg_device){1, i, (int)j};
-            g_ci[i * FG_MAX_MIG + j] = (struct fg_device){1, i, (int)j};
-        }
+        sync_handles(i);
     }
     wire_nvlinks();
     return NVML_SUCCESS;
@@ -338,8 +359,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *
             *device = &g_dev[i];
             return NVML_SUCCESS;
         }
-        for (unsigned int j = 0; j < g->mig_count; j++) {
-            if (!strcasecmp(uuid, g->mig[j].uuid)) {
+        for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+            if (g->mig[j].present && g->mig[j].has_ci && !strcasecmp(uuid, g->mig[j].uuid)) {
                 *device = mig_slot(i, j);
                 return NVML_SUCCESS;
             }
@@ -644,10 +665,16 @@ NVML_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, u
         return NVML_ERROR_NOT_SUPPORTED;
     if (index >= FG_MAX_MIG)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (index >= gpu_of(d)->mig_count)
-        return NVML_ERROR_NOT_FOUND;
-    *migDevice = mig_slot(d->gpu, index);
-    return NVML_SUCCESS;
+    /* MIG devices (GPU instances with their compute instance) in slot order */
+    unsigned int n = 0;
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+        const struct fg_mig *m = &gpu_of(d)->mig[j];
+        if (m->present && m->has_ci && n++ == index) {
+            *migDevice = mig_slot(d->gpu, j);
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
@@ -756,8 +783,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!gpu_of(d)->mig_capable || !gpu_of(d)->mig_mode)
         return NVML_ERROR_NOT_SUPPORTED;
-    for (unsigned int j = 0; j < gpu_of(d)->mig_count; j++) {
-        if (gpu_of(d)->mig[j].gi_id == id) {
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+        if (gpu_of(d)->mig[j].present && gpu_of(d)->mig[j].gi_id == id) {
             *gpuInstance = mig_slot(d->gpu, j);
             return NVML_SUCCESS;
         }
@@ -771,20 +798,17 @@ NVML_API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
     DEVICE(gpuInstance, d, info);
     if (d->mig < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned int start = 0;
-    for (int j = 0; j < d->mig; j++)
-        start += gpu_of(d)->gi[gpu_of(d)->mig[j].profile].slices;
     info->device = &g_dev[d->gpu];
     info->id = mig_of(d)->gi_id;
     info->profileId = mig_profile(d)->id;
-    info->placement.start = start;
-    info->placement.size = mig_profile(d)->slices;
+    info->placement.start = mig_of(d)->start;
+    info->placement.size = fg_mem_slices(gpu_of(d), mig_of(d)->profile);
     return NVML_SUCCESS;
 }
 
-/* Compute instances. Each GPU instance of a profile holds one compute instance of its
- * full size (CI ID 0), as `nvidia-smi mig -cgi ... -C` creates them; go-nvlib's MIG
- * profile lookup walks GPU instance -> compute instance -> CI profiles to name it. */
+/* Compute instances. Each GPU instance holds at most one compute instance, of its full
+ * size (CI ID 0), as `nvidia-smi mig -cgi ... -C` creates them; go-nvlib's MIG profile
+ * lookup walks GPU instance -> compute instance -> CI profiles to name it. */
 
 /* NVML_COMPUTE_INSTANCE_PROFILE_* by compute slices (0: no such profile) */
 static unsigned int ci_profile_slices(unsigned int profile)
@@ -833,7 +857,7 @@ NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gp
         return rc;
     if (!computeInstance)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (id != mig_of(d)->ci_id)
+    if (!mig_of(d)->has_ci || id != mig_of(d)->ci_id)
         return NVML_ERROR_NOT_FOUND;
     *computeInstance = &g_ci[d->gpu * FG_MAX_MIG + (unsigned int)d->mig];
     return NVML_SUCCESS;
@@ -957,6 +981,238 @@ NVML_API nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device,
                                               nvmlDeviceAttributes_t *attributes)
 {
     return nvmlDeviceGetAttributes_v2(device, attributes);
+}
+
+/* ---------------------------------------------------------------- changing MIG
+ * What mig-parted and the MIG manager call: MIG mode, then GPU instances, then a compute
+ * instance in each. Changes apply at once (the fake driver needs no GPU reset) and are
+ * written to the node's MIG state file, which every process reads at nvmlInit: a process
+ * sees what another one changed when it starts (GPU clients are stopped across a MIG
+ * change anyway). */
+
+/* Caller holds g_lock: persist the GPU's new table, or undo the change from `before`. */
+static nvmlReturn_t commit(unsigned int gpu, const struct fg_gpu *before)
+{
+    if (fg_state_save(g_state_path, &g_cfg) != 0) {
+        g_cfg.gpus[gpu] = *before;
+        return NVML_ERROR_UNKNOWN;
+    }
+    sync_handles(gpu);
+    return NVML_SUCCESS;
+}
+
+static int any_instance(const struct fg_gpu *g)
+{
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++)
+        if (g->mig[j].present)
+            return 1;
+    return 0;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
+                                           nvmlReturn_t *activationStatus)
+{
+    DEVICE(device, d, activationStatus);
+    if (d->mig >= 0 || mode > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    if (!g->mig_capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t rc = NVML_ERROR_IN_USE; /* GPU instances must be destroyed first */
+    if (!any_instance(g)) {
+        struct fg_gpu before = *g;
+        g->mig_mode = (int)mode;
+        rc = commit(d->gpu, &before);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == NVML_SUCCESS)
+        *activationStatus = NVML_SUCCESS; /* no reset pending */
+    return rc;
+}
+
+/* The NVML_GPU_INSTANCE_PROFILE_* slot of a GI profile ID (19 for 1g.5gb ...), or -1. */
+static int gi_enum_of_id(const struct fg_gpu *g, unsigned int id)
+{
+    for (int e = 0; e < NVML_GPU_INSTANCE_PROFILE_COUNT; e++)
+        if (g->gi[e].present && g->gi[e].id == id)
+            return e;
+    return -1;
+}
+
+/* The GPU a GPU-instance call addresses: a MIG-capable GPU in MIG mode, and the profile. */
+static nvmlReturn_t mig_target(nvmlDevice_t device, unsigned int profileId, struct fg_device **d,
+                               int *profile)
+{
+    nvmlReturn_t rc = lookup(device, d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if ((*d)->mig >= 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fg_gpu *g = gpu_of(*d);
+    if (!g->mig_capable || !g->mig_mode)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *profile = gi_enum_of_id(g, profileId);
+    return *profile < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
+                                                  nvmlGpuInstance_t *gpuInstance)
+{
+    struct fg_device *d;
+    int profile;
+    if (!gpuInstance)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = mig_target(device, profileId, &d, &profile);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    pthread_mutex_lock(&g_lock);
+    unsigned int start, slot = FG_MAX_MIG, id = 1;
+    for (unsigned int j = FG_MAX_MIG; j-- > 0;)
+        if (!g->mig[j].present)
+            slot = j;
+    for (int taken = 1; taken;) { /* the lowest free GPU instance ID */
+        taken = 0;
+        for (unsigned int j = 0; j < FG_MAX_MIG; j++)
+            if (g->mig[j].present && g->mig[j].gi_id == id)
+                taken = 1;
+        id += taken;
+    }
+    rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (slot < FG_MAX_MIG && fg_mig_fit(g, (unsigned int)profile, &start) == 0) {
+        struct fg_gpu before = *g;
+        g->mig[slot] = (struct fg_mig){.present = 1, .has_start = 1, .profile = (unsigned int)profile,
+                                       .gi_id = id, .start = start};
+        rc = commit(d->gpu, &before);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == NVML_SUCCESS)
+        *gpuInstance = mig_slot(d->gpu, slot);
+    return rc;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                                nvmlGpuInstance_t *gpuInstances,
+                                                unsigned int *count)
+{
+    struct fg_device *d;
+    int profile;
+    if (!gpuInstances || !count)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = mig_target(device, profileId, &d, &profile);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    unsigned int n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
+        const struct fg_mig *m = &gpu_of(d)->mig[j];
+        if (m->present && m->profile == (unsigned int)profile)
+            gpuInstances[n++] = mig_slot(d->gpu, j);
+    }
+    pthread_mutex_unlock(&g_lock);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device,
+                                                                unsigned int profileId,
+                                                                unsigned int *count)
+{
+    struct fg_device *d;
+    int profile;
+    if (!count)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = mig_target(device, profileId, &d, &profile);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&g_lock);
+    *count = fg_mig_capacity(gpu_of(d), (unsigned int)profile);
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+/* In use while its compute instance exists (NVML: "compute instances are active"). */
+NVML_API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    pthread_mutex_lock(&g_lock);
+    rc = NVML_ERROR_IN_USE;
+    if (!g->mig[d->mig].has_ci) {
+        struct fg_gpu before = *g;
+        memset(&g->mig[d->mig], 0, sizeof g->mig[d->mig]);
+        rc = commit(d->gpu, &before);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* Only a compute instance of the GPU instance's own size, one per GPU instance. */
+NVML_API nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance,
+                                                           unsigned int profileId,
+                                                           nvmlComputeInstance_t *computeInstance)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!computeInstance || profileId >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (ci_profile_slices(profileId) != mig_profile(d)->slices)
+        return NVML_ERROR_NOT_SUPPORTED;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    struct fg_mig *m = &g->mig[d->mig];
+    pthread_mutex_lock(&g_lock);
+    rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (!m->has_ci) {
+        struct fg_gpu before = *g;
+        m->has_ci = 1;
+        m->ci_id = 0;
+        fg_mig_uuid(g, m->profile, m->gi_id, m->ci_id, m->uuid, sizeof m->uuid);
+        rc = commit(d->gpu, &before);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == NVML_SUCCESS)
+        *computeInstance = &g_ci[d->gpu * FG_MAX_MIG + (unsigned int)d->mig];
+    return rc;
+}
+
+NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance,
+                                                         unsigned int profileId,
+                                                         nvmlComputeInstance_t *computeInstances,
+                                                         unsigned int *count)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_gi(gpuInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!computeInstances || !count || profileId >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = 0;
+    if (mig_of(d)->has_ci && ci_profile_slices(profileId) == mig_profile(d)->slices)
+        computeInstances[n++] = &g_ci[d->gpu * FG_MAX_MIG + (unsigned int)d->mig];
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
+{
+    struct fg_device *d;
+    nvmlReturn_t rc = lookup_ci(computeInstance, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    pthread_mutex_lock(&g_lock);
+    struct fg_gpu before = *g;
+    g->mig[d->mig].has_ci = 0;
+    g->mig[d->mig].uuid[0] = '\0';
+    rc = commit(d->gpu, &before);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- steady-state readings

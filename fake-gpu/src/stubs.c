@@ -9,16 +9,8 @@
     __attribute__((visibility("default"))) nvmlReturn_t name(void);                           \
     nvmlReturn_t name(void) { return NVML_ERROR_NOT_SUPPORTED; }
 
-STUB(nvmlDeviceSetMigMode)
-STUB(nvmlDeviceCreateGpuInstance)
 STUB(nvmlDeviceCreateGpuInstanceWithPlacement)
-STUB(nvmlDeviceGetGpuInstances)
 STUB(nvmlDeviceGetGpuInstancePossiblePlacements_v2)
-STUB(nvmlDeviceGetGpuInstanceRemainingCapacity)
-STUB(nvmlGpuInstanceDestroy)
-STUB(nvmlGpuInstanceCreateComputeInstance)
-STUB(nvmlGpuInstanceGetComputeInstances)
-STUB(nvmlComputeInstanceDestroy)
 STUB(nvmlDeviceGetFanSpeed)
 STUB(nvmlDeviceGetFanSpeed_v2)
 STUB(nvmlDeviceGetPowerUsage)

@@ -2,9 +2,10 @@
 
 Every simulated node owns one directory, ``<state root>/<node>/``, holding ``config``
 (the rendered profile the shim reads, see :mod:`gpulab.fakegpu.render`), ``mig-minors``
-(the driver's ``/proc/driver/nvidia-caps/mig-minors``, read by the device plugin) and
-``faults.log`` (injected faults, see :mod:`gpulab.fakegpu.faults`). Several nodes on one
-machine therefore never share fault state.
+(the driver's ``/proc/driver/nvidia-caps/mig-minors``, read by the device plugin),
+``faults.log`` (injected faults, see :mod:`gpulab.fakegpu.faults`) and ``mig-state`` (MIG
+mode and instances changed through NVML, written by the shim; fake-gpu/README.md).
+Several nodes on one machine therefore never share fault or MIG state.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ NODE_STATE_DIR = "/var/lib/fake-gpu"
 CONFIG_NAME = "config"
 FAULT_LOG_NAME = "faults.log"
 MIG_MINORS_NAME = "mig-minors"  # the node's /proc/driver/nvidia-caps/mig-minors
+MIG_STATE_NAME = "mig-state"  # MIG changes made through the shim (nvmlDeviceSetMigMode ...)
 
 # A Kubernetes node name (DNS-1123 subdomain): also safe as a directory name.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")

@@ -60,7 +60,7 @@ from gpulab.trace import Tracer
 _log = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
-SYNC_TIMEOUT = 60.0
+SYNC_WARN_EVERY = 10.0  # seconds between "waiting for caches" lines
 NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 
 
@@ -347,9 +347,13 @@ class SchedulerProcess:
     def run(self) -> None:
         """Sync the informers, then schedule until :meth:`stop`."""
         self.informers.start()
-        missing = self.informers.wait_for_sync(SYNC_TIMEOUT)
-        if missing:
-            _log.warning("informers not synced after %.0fs: %s", SYNC_TIMEOUT, missing)
+        # kube-scheduler's WaitForCacheSync blocks until every cache has synced (its
+        # /readyz fails meanwhile): a scheduler without, say, the right to list PodGroups
+        # stays not Ready and says why, rather than scheduling on a partial view
+        while missing := self.informers.wait_for_sync(SYNC_WARN_EVERY):
+            if self.stop_event.is_set():
+                return
+            _log.warning("waiting for caches to sync: %s", ", ".join(missing))
         self.ready.set()
         names = ", ".join(self.profiles)
         self.tracer.step("Run", None, f"scheduling pods of {names}", profiles=list(self.profiles))

@@ -22,8 +22,12 @@ ADDONS = {
     "kueue": "harness.addons.kueue",
     "scheduling": "harness.addons.scheduling",
     "volcano": "harness.addons.volcano",
+    "gpu-operator": "harness.addons.gpu_operator",
 }
 LOCAL_ONLY = {"hami", "kueue"}
+# addons that deploy a device plugin: their nodes start without GPU capacity (kubelet
+# learns it from the plugin's ListAndWatch)
+DEVICE_PLUGINS = {"device-plugin", "hami", "gpu-operator"}
 
 
 def start(name: str, backend: Any, progress: Callable[[str], None]) -> None:

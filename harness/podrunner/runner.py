@@ -47,7 +47,7 @@ Obj = dict[str, Any]
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 _SYNC_SECONDS = 0.25
 _VOLUME_RESYNC_SECONDS = 30.0
-_MOUNT_RETRY_SECONDS = 5.0
+_MOUNT_RETRY_SECONDS = 1.0  # kubelet retries a failed mount within a second or two
 # kubelet: a container that ran this long has its back-off reset
 _BACKOFF_RESET_SECONDS = 600.0
 

@@ -606,3 +606,296 @@ def test_a_symbol_the_shim_lacks_is_function_not_found_in_pynvml(
         nvml.shim_env(NODE, "t4-x1", tmp_path),
     )
     assert got == 13  # NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+# --------------------------------------------------------------------------- changing MIG
+# The calls mig-parted makes (nvmlDeviceSetMigMode → nvmlDeviceCreateGpuInstance →
+# nvmlGpuInstanceCreateComputeInstance, and the destroy calls), made by pynvml, one
+# subprocess per step: what one process changes, the next must see, because the change
+# persists in the node's MIG state file.
+
+A100_40 = "a100-sxm4-40gb-x8"
+A100_80_MIG = "a100-80gb-mig-x8"
+IN_USE, INSUFFICIENT_RESOURCES, NOT_SUPPORTED, INVALID_ARGUMENT = 19, 23, 3, 2
+# GI profile IDs as nvidia-smi shows them on a 40 GB A100 (NVML enum in brackets)
+GI_1G_5GB, GI_1G_10GB, GI_3G_20GB, GI_2G_10GB = 19, 15, 9, 14  # [0], [9], [2], [1]
+
+HELPERS = """
+    import ctypes, json, pynvml as N
+
+    def err(fn, *a):
+        try:
+            fn(*a)
+            return None
+        except N.NVMLError as e:
+            return e.value
+
+    def gi_info(h, gi_id):
+        for e in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = N.nvmlDeviceGetGpuInstanceProfileInfo(h, e)
+            except N.NVMLError:
+                continue
+            if info.id == gi_id:
+                return info
+        raise AssertionError(gi_id)
+
+    def instances(h, gi_id):
+        arr = (N.c_nvmlGpuInstance_t * 8)()
+        n = ctypes.c_uint()
+        N.nvmlDeviceGetGpuInstances(h, gi_id, arr, ctypes.byref(n))
+        return [arr[i] for i in range(n.value)]
+
+    def migs(h):
+        out = []
+        for j in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except N.NVMLError_NotFound:
+                continue
+            out.append({"uuid": N.nvmlDeviceGetUUID(m), "name": N.nvmlDeviceGetName(m),
+                        "gi": N.nvmlDeviceGetGpuInstanceId(m),
+                        "ci": N.nvmlDeviceGetComputeInstanceId(m),
+                        "mem_mib": N.nvmlDeviceGetMemoryInfo(m).total // 2**20})
+        return out
+
+    N.nvmlInit()
+    gpu = N.nvmlDeviceGetHandleByIndex(0)
+"""
+
+
+def step(code: str, env: dict[str, str]) -> dict:
+    return probe(textwrap.dedent(HELPERS) + textwrap.dedent(code), env)  # type: ignore[return-value]
+
+
+@pytest.fixture
+def a100(shim: Path, tmp_path: Path) -> dict[str, str]:
+    return nvml.shim_env(NODE, A100_40, tmp_path)
+
+
+def test_mig_manager_sequence_repartitions_a_gpu_and_the_next_process_sees_it(
+    a100: dict[str, str], tmp_path: Path
+) -> None:
+    # 1. enable MIG mode on GPU 0 (MIG off in the profile)
+    got = step(
+        """
+        before = N.nvmlDeviceGetMigMode(gpu)
+        status = N.nvmlDeviceSetMigMode(gpu, N.NVML_DEVICE_MIG_ENABLE)
+        print(json.dumps({"before": before, "status": status,
+                          "after": N.nvmlDeviceGetMigMode(gpu)}))
+        """,
+        a100,
+    )
+    assert got == {"before": [0, 0], "status": 0, "after": [1, 1]}
+
+    # 2. a new process: MIG mode stayed on; four 1g.10gb GPU instances, a fifth does not fit
+    got = step(
+        f"""
+        out = {{"mode": N.nvmlDeviceGetMigMode(gpu), "migs_before": len(migs(gpu))}}
+        info = gi_info(gpu, {GI_1G_10GB})
+        gis = [N.nvmlDeviceCreateGpuInstance(gpu, info.id) for _ in range(4)]
+        out["fifth"] = err(N.nvmlDeviceCreateGpuInstance, gpu, info.id)
+        out["remaining"] = N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, info.id)
+        out["remaining_1g5"] = N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, {GI_1G_5GB})
+        out["migs_without_ci"] = len(migs(gpu))
+        for gi in gis:
+            ci_info = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+                N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            N.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+        out["second_ci"] = err(N.nvmlGpuInstanceCreateComputeInstance, gis[0], 0)
+        out["listed"] = len(instances(gpu, info.id))
+        out["placements"] = [[N.nvmlGpuInstanceGetInfo(gi).placement.start,
+                              N.nvmlGpuInstanceGetInfo(gi).placement.size] for gi in gis]
+        out["migs"] = migs(gpu)
+        print(json.dumps(out))
+        """,
+        a100,
+    )
+    assert got["mode"] == [1, 1] and got["migs_before"] == 0
+    assert got["fifth"] == INSUFFICIENT_RESOURCES
+    assert got["remaining"] == 0 and got["remaining_1g5"] == 0  # memory slices all taken
+    assert got["migs_without_ci"] == 0  # a GPU instance without its CI is no MIG device
+    assert got["second_ci"] == INSUFFICIENT_RESOURCES
+    assert got["listed"] == 4
+    assert got["placements"] == [[0, 2], [2, 2], [4, 2], [6, 2]]
+    created = got["migs"]
+    assert [m["gi"] for m in created] == [1, 2, 3, 4]
+    assert {m["ci"] for m in created} == {0}
+    assert {m["name"] for m in created} == {"NVIDIA A100-SXM4-40GB MIG 1g.10gb"}
+    assert {m["mem_mib"] for m in created} == {9856}
+    assert len({m["uuid"] for m in created}) == 4
+    assert all(m["uuid"].startswith("MIG-") for m in created)
+
+    # 3. a new process (a restarted device plugin) sees the same four MIG devices
+    got = step(
+        """
+        print(json.dumps({"migs": migs(gpu), "other_gpu": N.nvmlDeviceGetMigMode(
+            N.nvmlDeviceGetHandleByIndex(1))}))
+        """,
+        a100,
+    )
+    assert got["migs"] == created
+    assert got["other_gpu"] == [0, 0]  # only GPU 0 changed
+    state = (tmp_path / NODE / paths.MIG_STATE_NAME).read_text()
+    assert "gpu.0.mig_mode=1" in state and "gpu.0.mig_count=4" in state
+
+    # 4. tear down as mig-parted's ClearMigConfig does, then disable MIG mode
+    got = step(
+        f"""
+        out = {{"mode_while_in_use": err(N.nvmlDeviceSetMigMode, gpu, 0)}}
+        gis = instances(gpu, {GI_1G_10GB})
+        out["gi_in_use"] = err(N.nvmlGpuInstanceDestroy, gis[0])
+        for gi in gis:
+            arr = (N.c_nvmlComputeInstance_t * 1)()
+            n = ctypes.c_uint()
+            N.nvmlGpuInstanceGetComputeInstances(gi, 0, arr, ctypes.byref(n))
+            for i in range(n.value):
+                N.nvmlComputeInstanceDestroy(arr[i])
+            N.nvmlGpuInstanceDestroy(gi)
+        out["stale_handle"] = err(N.nvmlGpuInstanceGetInfo, gis[0])
+        out["mode"] = N.nvmlDeviceSetMigMode(gpu, 0)
+        print(json.dumps(out))
+        """,
+        a100,
+    )
+    assert got == {
+        "mode_while_in_use": IN_USE,
+        "gi_in_use": IN_USE,
+        "stale_handle": INVALID_ARGUMENT,
+        "mode": 0,
+    }
+    got = step("print(json.dumps([N.nvmlDeviceGetMigMode(gpu), len(migs(gpu))]))", a100)
+    assert got == [[0, 0], 0]
+
+
+def test_placement_follows_memory_slices(a100: dict[str, str]) -> None:
+    got = step(
+        f"""
+        N.nvmlDeviceSetMigMode(gpu, 1)
+        out = {{}}
+        two = [N.nvmlDeviceCreateGpuInstance(gpu, {GI_3G_20GB}) for _ in range(2)]
+        out["1g5_after_two_3g"] = err(N.nvmlDeviceCreateGpuInstance, gpu, {GI_1G_5GB})
+        N.nvmlGpuInstanceDestroy(two[1])
+        N.nvmlDeviceCreateGpuInstance(gpu, {GI_2G_10GB})
+        out["1g5_fits"] = [err(N.nvmlDeviceCreateGpuInstance, gpu, {GI_1G_5GB}) for _ in range(2)]
+        out["full"] = err(N.nvmlDeviceCreateGpuInstance, gpu, {GI_1G_5GB})
+        out["unknown_profile"] = err(N.nvmlDeviceCreateGpuInstance, gpu, 12345)
+        print(json.dumps(out))
+        """,
+        a100,
+    )
+    # 3g.20gb takes 4 of the 8 memory slices: two leave no room for a 1g.5gb, as on a
+    # real A100-40GB; 3g.20gb + 2g.10gb + 2x 1g.5gb is a documented layout filling it
+    assert got == {
+        "1g5_after_two_3g": INSUFFICIENT_RESOURCES,
+        "1g5_fits": [None, None],
+        "full": INSUFFICIENT_RESOURCES,
+        "unknown_profile": INVALID_ARGUMENT,
+    }
+
+
+def test_mig_calls_need_mig_mode_and_a_mig_capable_gpu(shim: Path, tmp_path: Path) -> None:
+    got = step(
+        f"""
+        out = {{"create_mig_off": err(N.nvmlDeviceCreateGpuInstance, gpu, {GI_1G_5GB})}}
+        N.nvmlDeviceSetMigMode(gpu, 1)
+        gi = N.nvmlDeviceCreateGpuInstance(gpu, {GI_3G_20GB})
+        out["smaller_ci"] = err(N.nvmlGpuInstanceCreateComputeInstance, gi, 0)
+        print(json.dumps(out))
+        """,
+        nvml.shim_env(NODE, A100_40, tmp_path),
+    )
+    # the lab's compute instances are full-size only (one per GPU instance)
+    assert got == {"create_mig_off": NOT_SUPPORTED, "smaller_ci": NOT_SUPPORTED}
+    got = step(
+        "print(json.dumps(err(N.nvmlDeviceSetMigMode, gpu, 1)))",
+        nvml.shim_env("t4-node", "t4-x1", tmp_path),
+    )
+    assert got == NOT_SUPPORTED
+
+
+def test_a_profile_layout_can_be_replaced(shim: Path, tmp_path: Path) -> None:
+    """GPU 0 of the A100-80GB profile starts with 3g.40gb+2g.20gb+1g.10gb+1g.10gb."""
+    env = nvml.shim_env(NODE, A100_80_MIG, tmp_path)
+    got = step(
+        """
+        before = [m["name"].split()[-1] for m in migs(gpu)]
+        for j in range(7):
+            try:
+                m = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+            except N.NVMLError_NotFound:
+                break
+            gi = N.nvmlDeviceGetGpuInstanceById(gpu, N.nvmlDeviceGetGpuInstanceId(m))
+            N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+            N.nvmlGpuInstanceDestroy(gi)
+        for _ in range(7):
+            gi = N.nvmlDeviceCreateGpuInstance(gpu, 19)
+            N.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+        print(json.dumps({"before": before, "after": [m["name"].split()[-1] for m in migs(gpu)]}))
+        """,
+        env,
+    )
+    assert got["before"] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert got["after"] == ["1g.10gb"] * 7
+    # re-rendering the profile (a restarted driver pod) keeps the MIG state: it is a file
+    # of its own next to the config
+    nvml.shim_env(NODE, A100_80_MIG, tmp_path)
+    got = step('print(json.dumps([m["name"].split()[-1] for m in migs(gpu)]))', env)
+    assert got == ["1g.10gb"] * 7
+
+
+def test_a_broken_state_file_fails_init_with_its_name(a100: dict[str, str], tmp_path: Path) -> None:
+    state = tmp_path / NODE / paths.MIG_STATE_NAME
+    state.write_text("version=1\ngpu.0.mig_mode=1\ngpu.0.mig_count=1\ngpu.0.mig.0=MIG-x,99,1,0\n")
+    proc = run_python("import pynvml; pynvml.nvmlInit()", a100)
+    assert proc.returncode != 0
+    assert "NVML_ERROR_UNKNOWN" in proc.stderr or "Unknown Error" in proc.stderr
+    assert f"{state}: line 4: bad or unknown entry 'gpu.0.mig.0'" in proc.stderr
+
+
+def test_state_file_is_replaced_atomically(a100: dict[str, str], tmp_path: Path) -> None:
+    step("N.nvmlDeviceSetMigMode(gpu, 1)\nprint(json.dumps(0))", a100)
+    node_dir = tmp_path / NODE
+    leftovers = [p.name for p in node_dir.iterdir() if p.name.startswith("mig-state.")]
+    assert leftovers == []
+    lines = (node_dir / paths.MIG_STATE_NAME).read_text().splitlines()
+    assert "version=1" in lines
+    # every MIG-capable GPU is written, so the file is the whole truth
+    assert sum(line.endswith("mig_mode=0") for line in lines) == 7
+
+
+def test_pynvml_sees_no_mig_device_after_a_ci_is_destroyed(a100: dict[str, str]) -> None:
+    got = step(
+        f"""
+        N.nvmlDeviceSetMigMode(gpu, 1)
+        gi = N.nvmlDeviceCreateGpuInstance(gpu, {GI_1G_5GB})
+        ci = N.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+        uuid = migs(gpu)[0]["uuid"]
+        N.nvmlComputeInstanceDestroy(ci)
+        print(json.dumps({{"migs": len(migs(gpu)),
+                          "by_uuid": err(N.nvmlDeviceGetHandleByUUID, uuid),
+                          "gi_left": len(instances(gpu, {GI_1G_5GB}))}}))
+        """,
+        a100,
+    )
+    assert got == {"migs": 0, "by_uuid": 6, "gi_left": 1}  # 6: NOT_FOUND
+
+
+def test_nvidia_smi_lists_the_new_layout(a100: dict[str, str]) -> None:
+    step(
+        f"""
+        N.nvmlDeviceSetMigMode(gpu, 1)
+        for _ in range(2):
+            N.nvmlGpuInstanceCreateComputeInstance(
+                N.nvmlDeviceCreateGpuInstance(gpu, {GI_3G_20GB}), 2)
+        print(json.dumps(0))
+        """,
+        a100,
+    )
+    smi = Path(sys.executable).parent / "fake-nvidia-smi"
+    out = subprocess.run(
+        [str(smi), "-L"], env={**os.environ, **a100}, capture_output=True, text=True, check=False
+    )
+    lines = [line for line in out.stdout.splitlines() if "MIG 3g.20gb" in line]
+    assert len(lines) == 2, out.stdout + out.stderr

@@ -28,8 +28,10 @@ from scheduling_helpers import (
 from gpulab.framework.objects import GPU, make_pod
 from gpulab.schedulerplugins import apis
 from gpulab.wait import WaitTimeout, wait_for
+from harness.backends import SYSTEM_NAMESPACE, pod_ready
 
 T4 = {"gpulab.io/gpu-profile": "t4-x4"}
+PLUGINS_ROLE = "gpulab-scheduler-plugins"  # manifests/scheduling/rbac.yaml
 Obj = dict[str, Any]
 
 
@@ -232,3 +234,57 @@ def test_restarts_of_the_scheduler_and_the_api_server_never_bind_a_partial_gang(
         client.CoreV1Api(api).delete_namespaced_pod("blocker", ns, grace_period_seconds=0)
         wait_for(lambda: watch.count("job") == 4, 90, "all 4 workers bound after the restarts")
         watch.assert_never_partial()
+
+
+def test_a_verb_cut_from_the_schedulers_role_is_a_403_and_a_pod_that_is_not_ready(
+    cluster: Cluster,
+) -> None:
+    """RBAC of manifests/ is enforced on the local backend too: the scheduler pod talks as
+    its ServiceAccount. Without `list` on PodGroups a new gpulab-scheduler pod logs the
+    403 and stays not Ready (kube-scheduler waits for every cache); restoring the
+    ClusterRole makes that same pod Ready."""
+    api = cluster.api
+    core = client.CoreV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    rules = api.sanitize_for_serialization(rbac.read_cluster_role(PLUGINS_ROLE))["rules"]
+    cut = [
+        {**r, "verbs": [v for v in r["verbs"] if v != "list"]}
+        if "podgroups" in r["resources"]
+        else r
+        for r in rules
+    ]
+    assert cut != rules
+    old = {p.metadata.uid for p in cluster.backend.component_pods(SCHEDULER)}
+
+    def new_pod() -> client.V1Pod | None:
+        pods = cluster.backend.component_pods(SCHEDULER)
+        return next((p for p in pods if p.metadata.uid not in old), None)
+
+    def log_of(pod: client.V1Pod) -> str:
+        try:
+            return core.read_namespaced_pod_log(pod.metadata.name, SYSTEM_NAMESPACE)
+        except ApiException:  # no log file before the process starts
+            return ""
+
+    rbac.patch_cluster_role(PLUGINS_ROLE, {"rules": cut})
+    try:
+        for pod in cluster.backend.component_pods(SCHEDULER):
+            core.delete_namespaced_pod(pod.metadata.name, SYSTEM_NAMESPACE)
+
+        def waiting() -> client.V1Pod | None:
+            pod = new_pod()
+            log = log_of(pod) if pod else ""
+            if "403 Forbidden" in log and "waiting for caches to sync: podgroups" in log:
+                return pod
+            return None
+
+        pod = wait_for(waiting, 90, "the new scheduler pod to log the 403 and wait for caches")
+        pod = core.read_namespaced_pod(pod.metadata.name, SYSTEM_NAMESPACE)
+        assert pod.status.phase == "Running" and not pod_ready(pod)
+        assert pod.status.container_statuses[0].restart_count == 0  # not ready, not crashing
+    finally:
+        rbac.patch_cluster_role(PLUGINS_ROLE, {"rules": rules})
+    ready = wait_for(
+        lambda: (p := new_pod()) and pod_ready(p) and p, 60, "the scheduler Ready again"
+    )
+    assert ready.metadata.uid == pod.metadata.uid  # the same pod recovered, no restart
