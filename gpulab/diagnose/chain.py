@@ -35,6 +35,7 @@ link and one line of what to do.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -87,6 +88,8 @@ HAMI_USE_TYPE = "nvidia.com/use-gputype"
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_STATE = "nvidia.com/mig.config.state"
 MIG_STRATEGY = "nvidia.com/mig.strategy"
+MIG_PREFIX = "nvidia.com/mig-"
+GPU_PRODUCT = "nvidia.com/gpu.product"
 MIG_PARTED_CONFIGMAP = "default-mig-parted-config"
 DP_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 ALLOCATE_PREFIX = "gpulab.io/allocate-"
@@ -1145,7 +1148,7 @@ def _candidate_node_link(
             cap = int(_quantity((status(node).get("capacity") or {}).get(r)))
             alloc = int(_quantity((status(node).get("allocatable") or {}).get(r)))
             if alloc < n and (cap >= n or cap == 0):
-                finding = device_side(objs, node, r)
+                finding = mig_side(objs, node, r) or device_side(objs, node, r)
                 if finding is not None:
                     return finding
     return Link("node", OK, "the nodes it may run on advertise what it asks for")
@@ -1348,7 +1351,10 @@ def node_chain(objs: ObjectSet, node: Obj, want: Mapping[str, int] | None = None
     for r in resources:
         if r not in (want or {}) and not _quantity(cap.get(r)):
             continue  # a resource this node does not offer (nvidia.com/gpu under MIG mixed)
-        finding = device_side(objs, node, r)
+        finding = mig_side(objs, node, r)
+        if finding is not None and r not in (want or {}):
+            continue  # withdrawn under the node's MIG layout and strategy; nothing asks for it
+        finding = finding or device_side(objs, node, r)
         if finding is not None:
             links.append(replace_name(finding, f"device plugin ({r})"))
         elif r in cap:
@@ -1379,12 +1385,14 @@ def mig_link(objs: ObjectSet, node: Obj) -> Link:
     ]
     configs = _mig_configs(objs)
     if configs is not None and wanted not in configs:
+        near = difflib.get_close_matches(wanted, sorted(configs), n=3, cutoff=0.5)
         return Link(
             "mig",
             BROKEN,
             f"{MIG_CONFIG}={wanted} names no config in ConfigMap {MIG_PARTED_CONFIGMAP}",
-            [*evidence, f"configs: {', '.join(sorted(configs))}"],
-            fix=f"set {MIG_CONFIG} to one of {', '.join(sorted(configs))}",
+            [*evidence, f"{len(configs)} configs; the closest: {', '.join(near) or '-'}"],
+            fix=f"set {MIG_CONFIG} to a config of the ConfigMap"
+            + (f" (did you mean {near[0]}?)" if near else ""),
         )
     if state == "failed":
         why = [
@@ -1402,6 +1410,86 @@ def mig_link(objs: ObjectSet, node: Obj) -> Link:
     if state == "pending":
         return Link("mig", WAITING, f"mig-manager is applying {wanted}", evidence)
     return Link("mig", OK, f"MIG layout {wanted}: {state or 'not reported'}", evidence)
+
+
+def mig_side(objs: ObjectSet, node: Obj, resource: str) -> Link | None:
+    """Why a node with a MIG config offers none of ``resource``: for
+    ``nvidia.com/mig-<profile>``, its layout was not applied (the mig link), or the device
+    plugin's MIG strategy advertises MIG devices under another name (k8s-device-plugin
+    v0.20.0: ``single`` as ``nvidia.com/gpu`` with ``gpu.product <model>-MIG-<profile>``,
+    ``none`` not at all); for ``nvidia.com/gpu`` under ``mixed``, every GPU is
+    partitioned. None when the node offers it, or for none of these reasons."""
+    alloc = _quantity((status(node).get("allocatable") or {}).get(resource))
+    if alloc or not labels(node).get(MIG_CONFIG):
+        return None
+    name = name_of(node)
+    strategy = labels(node).get(MIG_STRATEGY, "none")  # GFD sets no label for none
+    if resource == GPU:
+        offered = [r for r in renamed(node, resource) if r.startswith(MIG_PREFIX)]
+        if strategy != "mixed" or not offered:
+            return None
+        return Link(
+            "node",
+            BROKEN,
+            f"every GPU of {name} is partitioned by MIG layout {labels(node)[MIG_CONFIG]}: "
+            f"under strategy mixed its device plugin advertises {', '.join(offered)} and no "
+            f"whole {GPU} (kubelet keeps a withdrawn resource's capacity at allocatable 0 "
+            "for the grace period)",
+            [node_summary(objs, node, GPU)],
+            fix=f"ask for one of {', '.join(r.partition('=')[0] for r in offered)}, or give "
+            f"the node a {MIG_CONFIG} that leaves GPUs whole",
+        )
+    if not resource.startswith(MIG_PREFIX):
+        return None
+    mig = mig_link(objs, node)
+    if mig.state in (BROKEN, WAITING):
+        return Link(
+            "node",
+            mig.state,
+            f"{name} offers no {resource}: {mig.summary}",
+            mig.evidence,
+            fix=mig.fix,
+        )
+    profile = resource.removeprefix(MIG_PREFIX)
+    product = labels(node).get(GPU_PRODUCT, "")
+    evidence = [*mig.evidence, f"{GPU_PRODUCT}={product or '-'}", node_summary(objs, node, GPU)]
+    if strategy == "single":
+        offered = product.rpartition("-MIG-")[2] if "-MIG-" in product else ""
+        shown = f"its MIG devices ({offered}) as {GPU}" if offered else f"whole GPUs as {GPU}"
+        fix = (
+            f"ask for {GPU} with nodeSelector {GPU_PRODUCT}={product}, or set the "
+            "ClusterPolicy's spec.mig.strategy to mixed (the device plugin and GFD are "
+            "re-rendered with it)"
+            if offered == profile
+            else f"apply a layout with {profile} devices ({MIG_CONFIG}), and ask for {GPU} "
+            "or switch the strategy to mixed"
+        )
+        return Link(
+            "node",
+            BROKEN,
+            f"{name}'s MIG strategy is single: its device plugin advertises {shown}, "
+            f"never {resource}",
+            evidence,
+            fix=fix,
+        )
+    if strategy == "mixed":
+        offered = [r for r in renamed(node, resource) if r.startswith(MIG_PREFIX)]
+        return Link(
+            "node",
+            BROKEN,
+            f"the MIG layout {labels(node)[MIG_CONFIG]} of {name} has no {profile} devices"
+            + (f" (it offers {', '.join(offered)})" if offered else ""),
+            evidence,
+            fix=f"ask for a profile the node offers, or label the node with a "
+            f"{MIG_CONFIG} whose layout has {profile}",
+        )
+    return Link(
+        "node",
+        BROKEN,
+        f"{name}'s MIG strategy is none: its device plugin advertises no MIG devices",
+        evidence,
+        fix=f"set the ClusterPolicy's spec.mig.strategy to mixed (or single and ask for {GPU})",
+    )
 
 
 def _mig_configs(objs: ObjectSet) -> set[str] | None:

@@ -1,5 +1,6 @@
 """The troubleshooting labs: a broken scenario each, on the labs cluster
-(``harness/clusters/labs.yaml``), in the lab's own namespace and on its own nodes.
+(``harness/clusters/labs.yaml``), in the lab's own namespace and on its own nodes; lab-mig
+on its own (``labs-mig.yaml``: the GPU Operator deploys its device plugin itself).
 
     gpulab lab start NAME   set the scenario up, print the symptom
     gpulab lab hint NAME    the next hint (``--all`` for every one)
@@ -35,6 +36,7 @@ LABS = {
     "device-plugin": "harness.labs.device_plugin",
     "gang-deadlock": "harness.labs.gang_deadlock",
     "queue-quota": "harness.labs.queue_quota",
+    "mig": "harness.labs.mig",
 }
 
 
@@ -60,6 +62,7 @@ class CaseState:
 class Lab(Protocol):
     name: str
     namespace: str
+    spec: str  # the cluster spec it runs on: SPEC, or its own (lab-mig: the GPU Operator's)
     summary: str
     hints: tuple[str, ...]
 

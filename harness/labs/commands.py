@@ -44,7 +44,7 @@ def _progress(message: str) -> None:
 def cmd_lab(args: argparse.Namespace) -> int:
     from harness.backends import backend_for, ensure_up
     from harness.errors import HarnessError
-    from harness.labs import LABS, SPEC, load
+    from harness.labs import LABS, load
     from harness.spec import load as load_spec
 
     if args.action == "list":
@@ -54,7 +54,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if args.name is None:
         raise HarnessError(f"gpulab lab {args.action} NAME: name a lab ({', '.join(LABS)})")
     lab = load(args.name)
-    spec = load_spec(SPEC)
+    spec = load_spec(lab.spec)
     if args.action == "hint":
         return _hint(lab, spec.name, args.all)
     if args.action == "start":
@@ -68,7 +68,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
             console.print(f"      gpulab diagnose {kind} {ref} --cluster {spec.name}")
         console.print(
             f"\nhints: `gpulab lab hint {lab.name}`; when you think it is fixed: "
-            f"`gpulab lab check {lab.name}`; kubectl: `gpulab kubectl --spec {SPEC} ...`"
+            f"`gpulab lab check {lab.name}`; kubectl: `gpulab kubectl --spec {lab.spec} ...`"
         )
         return 0
     _, backend = backend_for(spec, args.backend, args.kubeconfig)

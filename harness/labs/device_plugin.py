@@ -27,6 +27,7 @@ from gpulab.wait import wait_for
 from harness.backends import SYSTEM_NAMESPACE
 from harness.labs import (
     POOL_LABEL,
+    SPEC,
     Case,
     CaseState,
     Namespace,
@@ -86,6 +87,7 @@ sharing:
 class DevicePluginLab:
     name = NAME
     namespace = NS
+    spec = SPEC
     summary = "two nodes' GPUs stopped being offered to pods; find out why on each"
     hints = (
         f"`gpulab diagnose node {RENAMED}` and `gpulab diagnose node {STOPPED}`: the node "

@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 from gpulab.schedulerplugins import apis
 from gpulab.wait import wait_for
 from harness.backends import SYSTEM_NAMESPACE
-from harness.labs import POOL_LABEL, Case, CaseState, Namespace, Progress
+from harness.labs import POOL_LABEL, SPEC, Case, CaseState, Namespace, Progress
 
 NAME = "gang-deadlock"
 NS = "lab-gang-deadlock"
@@ -77,6 +77,7 @@ def worker(gang: str, rank: int) -> dict[str, Any]:
 class GangDeadlockLab:
     name = NAME
     namespace = NS
+    spec = SPEC
     summary = "two 4-worker gangs, 8 GPUs, nothing ever runs"
     hints = (
         f"`gpulab diagnose podgroup {NS}/train-a`: the coscheduling link counts members "

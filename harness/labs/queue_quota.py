@@ -22,7 +22,7 @@ from kubernetes.client.rest import ApiException
 from gpulab.kueue import api as kueue
 from gpulab.kueue.workload import workload_name_for_job
 from gpulab.wait import wait_for
-from harness.labs import POOL_LABEL, Case, CaseState, Namespace, Progress
+from harness.labs import POOL_LABEL, SPEC, Case, CaseState, Namespace, Progress
 
 NAME = "queue-quota"
 NS = "lab-queue-quota"
@@ -153,6 +153,7 @@ def admitted(wl: dict[str, Any] | None) -> bool:
 class QueueQuotaLab:
     name = NAME
     namespace = NS
+    spec = SPEC
     summary = "four teams' Jobs and Kueue: three wait for ever, one ignores the queue"
     hints = (
         f"`gpulab diagnose workload {NS}/<workload>` (`kubectl -n {NS} get workloads`) walks "

@@ -21,6 +21,7 @@ from kubernetes import client
 
 from harness.labs import (
     POOL_LABEL,
+    SPEC,
     Case,
     CaseState,
     Namespace,
@@ -89,6 +90,7 @@ LINKS = {
 class UnschedulableLab:
     name = NAME
     namespace = NS
+    spec = SPEC
     summary = "five GPU pods stay Pending; find each one's reason with `gpulab diagnose`"
     hints = (
         "`gpulab diagnose pod lab-unschedulable/<pod>` walks each pod's chain; read the "

@@ -38,6 +38,9 @@ BROKEN_CASES = [
     ("queue-quota-missing-clusterqueue", "kueue", ["names ClusterQueue lab-cq-b", "not exist"]),
     ("queue-quota-quota-changed", "kueue", ["below what its admitted Workloads hold"]),
     ("queue-quota-unqueued", "kueue", ["no kueue.x-k8s.io/queue-name label", "unqueued"]),
+    ("mig-node-config", "mig", ["all-1g-10gb names no config", "default-mig-parted-config"]),
+    ("mig-inference-config", "node", ["offers no nvidia.com/mig-1g.10gb", "names no config"]),
+    ("mig-inference-strategy", "node", ["MIG strategy is single", "(1g.10gb) as nvidia.com/gpu"]),
     # the Volcano demo's job larger than its queue (make demo-volcano)
     ("volcano-too-big", "volcano", ["needs 8 nvidia.com/gpu", "capability 4"]),
 ]
@@ -358,3 +361,59 @@ def test_a_bound_pod_quotes_gpulab_schedulers_filter_results() -> None:
         "gpulab-scheduler Filter on gpu-a100: NodeResourceTopologyMatch: passed, "
         "NodeResourcesFit: passed" in link.evidence
     ), link.evidence
+
+
+def test_a_mig_config_typo_suggests_the_closest_config() -> None:
+    first = diagnose(load("mig-node-config")).broken
+    assert first is not None and "did you mean all-1g.10gb?" in first.fix
+    assert any("the closest: all-1g.10gb" in e for e in first.evidence), first.evidence
+
+
+def test_the_mig_strategy_fix_names_the_product_label() -> None:
+    first = diagnose(load("mig-inference-strategy")).broken
+    assert first is not None
+    assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB-MIG-1g.10gb" in first.fix
+    assert "spec.mig.strategy to mixed" in first.fix
+
+
+def _mig_node_set(target: Target, strategy: str | None) -> ObjectSet:
+    """lab-mig's node after its fix (all-1g.10gb under mixed: 32 x 1g.10gb, nvidia.com/gpu
+    withdrawn but its capacity kept for kubelet's grace period), with ``strategy``."""
+    objs = load("healthy-mig-inference")
+    objs.target = target
+    node = next(n for n in objs.nodes if n["metadata"]["name"] == "gpu-mig")
+    node["status"]["capacity"]["nvidia.com/gpu"] = "32"
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    if strategy is None:
+        node["metadata"]["labels"].pop("nvidia.com/mig.strategy")
+    else:
+        node["metadata"]["labels"]["nvidia.com/mig.strategy"] = strategy
+    return objs
+
+
+def test_a_partitioned_node_under_mixed_is_healthy_but_offers_no_whole_gpu() -> None:
+    """No false alarm on the node for the withdrawn nvidia.com/gpu; a pod asking for a
+    whole GPU there is told the GPUs are partitioned (not that a config renames them)."""
+    assert diagnose(_mig_node_set(Target("node", "gpu-mig"), "mixed")).broken is None
+    objs = _mig_node_set(Target("pod", "whole", "lab-mig"), "mixed")
+    pod = _pod("whole", "lab-mig", nodeSelector={"gpulab.io/lab-pool": "mig"})
+    res = pod["spec"]["containers"][0]["resources"]
+    res["requests"] = dict(res["limits"])  # as the API server defaults them
+    objs.pods.append(pod)
+    first = diagnose(objs).broken
+    assert first is not None and first.name == "node", first
+    assert "every GPU of gpu-mig is partitioned by MIG layout all-1g.10gb" in first.summary
+    assert "nvidia.com/mig-1g.10gb" in first.fix
+
+
+def test_a_mig_profile_under_strategy_none() -> None:
+    objs = _mig_node_set(Target("pod", "p", "lab-mig"), None)
+    node = next(n for n in objs.nodes if n["metadata"]["name"] == "gpu-mig")
+    node["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "0"
+    node["status"]["capacity"]["nvidia.com/mig-1g.10gb"] = "0"
+    pod = _pod("p", "lab-mig", nodeSelector={"gpulab.io/lab-pool": "mig"})
+    want = {"nvidia.com/mig-1g.10gb": "1"}
+    pod["spec"]["containers"][0]["resources"] = {"limits": want, "requests": want}
+    objs.pods.append(pod)
+    first = diagnose(objs).broken
+    assert first is not None and "MIG strategy is none" in first.summary, first

@@ -28,7 +28,11 @@ def test_an_unknown_lab_names_the_labs() -> None:
         load("nope")
 
 
-def test_each_lab_pool_is_a_node_of_the_labs_cluster() -> None:
+def test_each_lab_pool_is_a_node_of_its_cluster() -> None:
+    assert {load(name).spec for name in LABS} == {"labs", "labs-mig"}
+    mig = load_spec("labs-mig")
+    assert mig.addons == ("gpu-operator",) or list(mig.addons) == ["gpu-operator"]
+    assert [n.labels.get("gpulab.io/lab-pool") for n in mig.nodes] == ["mig"]
     pools = {n.labels.get("gpulab.io/lab-pool") for n in load_spec("labs").nodes}
     assert {
         "unschedulable",
@@ -85,3 +89,26 @@ def test_unschedulable_cases_and_the_hami_pod() -> None:
     plain = deployment("x", "ns", 16, node_selector={"a": "b"})["spec"]["template"]["spec"]
     assert plain["nodeSelector"] == {"a": "b"}
     assert "schedulerName" not in plain
+
+
+def test_mig_lab_objects() -> None:
+    """The ClusterPolicy is the chapter's sample with the Helm chart's default strategy;
+    the typo names no config of the shipped mig-parted ConfigMap, the fix names one; the
+    pod asks for the mixed strategy's resource on the lab's node."""
+    import yaml
+    from kubernetes import client
+
+    from harness.labs import mig
+
+    assert mig.policy("single")["spec"]["mig"] == {"strategy": "single"}
+    assert mig.policy("single")["metadata"]["name"] == "cluster-policy"
+    shipped = Path(__file__).parents[2] / (
+        "manifests/gpu-operator/assets/state-mig-manager/0400_configmap.yaml"
+    )
+    cm = client.V1ConfigMap(data=yaml.safe_load(shipped.read_text())["data"])
+    names = mig.config_names(cm)
+    assert mig.CONFIG in names and mig.TYPO not in names
+    assert mig.config_names(client.V1ConfigMap(data={"config.yaml": "version: v1\n: ["})) == set()
+    app = deployment(mig.APP, mig.NS, 1, resource=mig.RESOURCE, node_selector={"p": "mig"})
+    limits = app["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/mig-1g.10gb": "1"}
