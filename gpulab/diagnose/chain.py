@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import yaml
 from kubernetes.utils import parse_quantity
 
 from gpulab.dashboard.views import filter_record, scheduler_reasons, unhealthy_devices
@@ -90,6 +91,7 @@ MIG_STATE = "nvidia.com/mig.config.state"
 MIG_STRATEGY = "nvidia.com/mig.strategy"
 MIG_PREFIX = "nvidia.com/mig-"
 GPU_PRODUCT = "nvidia.com/gpu.product"
+OPERATOR_MANAGED_BY = "gpu-operator"  # the label the GPU Operator puts on its operands' pods
 MIG_PARTED_CONFIGMAP = "default-mig-parted-config"
 DP_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 ALLOCATE_PREFIX = "gpulab.io/allocate-"
@@ -1453,8 +1455,24 @@ def mig_side(objs: ObjectSet, node: Obj, resource: str) -> Link | None:
     profile = resource.removeprefix(MIG_PREFIX)
     product = labels(node).get(GPU_PRODUCT, "")
     evidence = [*mig.evidence, f"{GPU_PRODUCT}={product or '-'}", node_summary(objs, node, GPU)]
+    offered = product.rpartition("-MIG-")[2] if "-MIG-" in product else ""
+    if profile in _layout_profiles(objs, labels(node)[MIG_CONFIG]):
+        unmanaged = [
+            p
+            for p in plugin_pods(objs, name)
+            if labels(p).get("app.kubernetes.io/managed-by") != OPERATOR_MANAGED_BY
+        ]
+        if unmanaged:
+            return _stale_plugin(node, unmanaged[0], evidence)
+        if strategy in ("single", "mixed") and offered != profile:
+            return Link(
+                "node",
+                WAITING,
+                f"the GPU Operator's device plugin on {name} is restarting on the "
+                f"{labels(node)[MIG_CONFIG]} layout",
+                evidence,
+            )
     if strategy == "single":
-        offered = product.rpartition("-MIG-")[2] if "-MIG-" in product else ""
         shown = f"its MIG devices ({offered}) as {GPU}" if offered else f"whole GPUs as {GPU}"
         fix = (
             f"ask for {GPU} with nodeSelector {GPU_PRODUCT}={product}, or set the "
@@ -1492,9 +1510,48 @@ def mig_side(objs: ObjectSet, node: Obj, resource: str) -> Link | None:
     )
 
 
-def _mig_configs(objs: ObjectSet) -> set[str] | None:
-    import yaml
+def _stale_plugin(node: Obj, plugin: Obj, evidence: list[str]) -> Link:
+    """The node's layout has the asked profile, yet a device plugin the GPU Operator did
+    not deploy runs there. The MIG manager pauses only the operator's GPU clients (their
+    ``nvidia.com/gpu.deploy.*`` labels) around a change; this plugin kept the devices it
+    listed at its start (it reads NVML once) until someone restarts it."""
+    name, config = name_of(node), labels(node)[MIG_CONFIG]
+    return Link(
+        "node",
+        BROKEN,
+        f"the device plugin pod {ns_of(plugin)}/{name_of(plugin)} on {name} is not the GPU "
+        f"Operator's: the MIG manager did not pause it for {config}, so it still advertises "
+        "the devices it listed at its start",
+        [
+            *evidence,
+            f"{name_of(plugin)} started {status(plugin).get('startTime', '-')}, no "
+            f"app.kubernetes.io/managed-by={OPERATOR_MANAGED_BY}; its config "
+            f"{DP_CONFIG_LABEL}={labels(node).get(DP_CONFIG_LABEL, 'default')}",
+        ],
+        fix=f"restart it (`kubectl -n {ns_of(plugin)} delete pod {name_of(plugin)}`) after "
+        "every MIG change, or let the GPU Operator deploy the device plugin on the node "
+        "(nvidia.com/gpu.deploy.device-plugin=true) so the MIG manager pauses it",
+    )
 
+
+def _layout_profiles(objs: ObjectSet, config: str) -> set[str]:
+    """The MIG profiles the mig-parted config ``config`` creates on some GPU (any of its
+    rows: the rows' device filters are not matched against the node's boards)."""
+    cm = next((c for c in objs.configmaps if name_of(c) == MIG_PARTED_CONFIGMAP), None)
+    out: set[str] = set()
+    for text in ((cm or {}).get("data") or {}).values():
+        try:
+            doc = yaml.safe_load(text) or {}
+        except yaml.YAMLError:
+            continue
+        rows = (doc.get("mig-configs") or {}).get(config) if isinstance(doc, dict) else None
+        for row in rows or []:
+            if isinstance(row, Mapping) and row.get("mig-enabled"):
+                out |= {str(p).split("+")[0] for p in row.get("mig-devices") or {}}
+    return out
+
+
+def _mig_configs(objs: ObjectSet) -> set[str] | None:
     cm = next((c for c in objs.configmaps if name_of(c) == MIG_PARTED_CONFIGMAP), None)
     if cm is None:
         return None

@@ -3,25 +3,21 @@ broken state is diagnosed naming the right link, each documented fix (the soluti
 docs/workshop.md) makes `gpulab lab check` pass, and after the fix `gpulab diagnose`
 finds no broken link on the objects it named before.
 
-`gpulab diagnose` runs as the CLI does (reader + chain against the live cluster); `lab
-check` runs through its command so its exit code is what is asserted.
+lab-mig runs on its own cluster: tests/e2e/test_lab_mig.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from conftest import Cluster, running_cluster
 from kubernetes import client, watch
+from labs_helpers import first_broken, progress, run_lab
 
-from gpulab.diagnose.chain import diagnose
-from gpulab.diagnose.commands import parse_target
-from gpulab.diagnose.reader import read
 from gpulab.wait import wait_for
 from harness.labs import HAMI_IGNORE, POOL_LABEL, load
 
@@ -32,46 +28,6 @@ pytestmark = pytest.mark.local_backend  # Xid injection and node-agent restarts
 def labs() -> Iterator[Cluster]:
     with running_cluster("labs") as c:
         yield c
-
-
-def progress(message: str) -> None:
-    print(message)
-
-
-def first_broken(api: client.ApiClient, kind: str, ref: str) -> tuple[str | None, str]:
-    report = diagnose(read(api, parse_target(kind, ref)))
-    first = report.broken
-    return (first.name if first else None), report.answer()
-
-
-def lab_check(name: str) -> int:
-    from harness.labs.commands import cmd_lab
-
-    args = argparse.Namespace(action="check", name=name, all=False, backend=None, kubeconfig=None)
-    return cmd_lab(args)
-
-
-def run_lab(labs: Cluster, name: str, fix: Callable[[client.ApiClient], None]) -> None:
-    lab = load(name)
-    backend = labs.backend
-    lab.start(backend, progress)
-    try:
-        api = labs.api
-        cases = lab.cases(api)
-        assert cases
-        for case in cases:
-            link, answer = first_broken(api, *case.target)
-            assert link == case.link, f"{case.name}: {answer}"
-        assert lab_check(name) == 1  # broken: not fixed yet
-        fix(api)
-        wait_for(lambda: all(s.fixed for s in lab.check(api)), 120, f"lab {name} fixed", 1)
-        assert lab_check(name) == 0
-        for case in lab.cases(api):  # the same objects (or their replacements) now healthy
-            link, answer = first_broken(api, *case.target)
-            if case.target[0] != "podgroup" or link is None:
-                assert link is None, f"{case.name} after the fix: {answer}"
-    finally:
-        lab.stop(backend, progress)
 
 
 def kubectl(labs: Cluster, *args: str) -> None:

@@ -41,6 +41,7 @@ BROKEN_CASES = [
     ("mig-node-config", "mig", ["all-1g-10gb names no config", "default-mig-parted-config"]),
     ("mig-inference-config", "node", ["offers no nvidia.com/mig-1g.10gb", "names no config"]),
     ("mig-inference-strategy", "node", ["MIG strategy is single", "(1g.10gb) as nvidia.com/gpu"]),
+    ("mig-batch-not-paused", "node", ["is not the GPU Operator's", "did not pause it"]),
     # the Volcano demo's job larger than its queue (make demo-volcano)
     ("volcano-too-big", "volcano", ["needs 8 nvidia.com/gpu", "capability 4"]),
 ]
@@ -417,3 +418,26 @@ def test_a_mig_profile_under_strategy_none() -> None:
     objs.pods.append(pod)
     first = diagnose(objs).broken
     assert first is not None and "MIG strategy is none" in first.summary, first
+
+
+def test_a_plugin_the_mig_manager_does_not_pause_is_told_to_restart() -> None:
+    first = diagnose(load("mig-batch-not-paused")).broken
+    assert first is not None
+    assert "kubectl -n gpulab-system delete pod gpulab-device-plugin-" in first.fix
+    assert any("nvidia.com/device-plugin.config=mig-mixed" in e for e in first.evidence)
+
+
+def test_the_operators_own_plugin_restarting_on_a_new_layout_is_waiting() -> None:
+    """The same node and pod with the operator's plugin (managed-by gpu-operator) and GFD's
+    labels not yet of the new layout (both are restarted after the change): the missing
+    devices are not a fault yet."""
+    objs = load("mig-batch-not-paused")
+    node = next(n for n in objs.nodes if n["metadata"]["name"] == "gpu-mig-b")
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-40GB"
+    for p in objs.pods:
+        if p["metadata"]["name"].startswith("gpulab-device-plugin-"):
+            p["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "gpu-operator"
+    report = diagnose(objs)
+    node = next(link for link in report.links if link.name == "node")
+    assert node.state == "waiting", report.answer()
+    assert "restarting on the all-1g.10gb layout" in node.summary

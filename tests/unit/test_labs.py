@@ -32,7 +32,7 @@ def test_each_lab_pool_is_a_node_of_its_cluster() -> None:
     assert {load(name).spec for name in LABS} == {"labs", "labs-mig"}
     mig = load_spec("labs-mig")
     assert mig.addons == ("gpu-operator",) or list(mig.addons) == ["gpu-operator"]
-    assert [n.labels.get("gpulab.io/lab-pool") for n in mig.nodes] == ["mig"]
+    assert [n.labels.get("gpulab.io/lab-pool") for n in mig.nodes] == ["mig", "mig-b"]
     pools = {n.labels.get("gpulab.io/lab-pool") for n in load_spec("labs").nodes}
     assert {
         "unschedulable",
@@ -112,3 +112,12 @@ def test_mig_lab_objects() -> None:
     app = deployment(mig.APP, mig.NS, 1, resource=mig.RESOURCE, node_selector={"p": "mig"})
     limits = app["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/mig-1g.10gb": "1"}
+    (ds,) = [d for d in mig.standalone_plugin() if d["kind"] == "DaemonSet"]
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.deploy.device-plugin": "false",
+    }
+    # the operator leaves gpu-mig-b's plugin to that DaemonSet, whose config is mixed
+    node_b = load_spec("labs-mig").nodes[1]
+    assert node_b.labels["nvidia.com/gpu.deploy.device-plugin"] == "false"
+    assert node_b.device_plugin.mig_strategy == "mixed"
