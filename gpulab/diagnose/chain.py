@@ -18,14 +18,17 @@ The chain of a GPU pod, in the order a request travels it::
                 gpulab-scheduler's Filter step (NodeResourceTopologyMatch zones)
     node        device plugin registered (resource in capacity), allocatable against
                 capacity, Unhealthy devices (the plugin's CheckHealth Events), the plugin
-                pod on the node, MIG ``nvidia.com/mig.config.state``
+                pod on the node, MIG ``nvidia.com/mig.config.state``; for a MIG
+                profile, why the node does not offer it (layout not applied, the MIG
+                strategy's resource names, a plugin the MIG manager does not pause)
     kubelet     Allocate (the node agent's record on the pod) and the pod's phase
 
 Formats read are the pinned releases' (see each chapter's doc): kube-scheduler v1.36.3
 Events and conditions, Kueue v0.19.2 (``kueue.x-k8s.io/v1beta2``), Volcano v1.15.1
 (``scheduling.volcano.sh/v1beta1``), scheduler-plugins v0.35.4 Coscheduling
 (``scheduling.x-k8s.io/v1alpha1``), HAMi v2.10.0 annotations, k8s-device-plugin v0.20.0
-and NVIDIA mig-parted's ``nvidia.com/mig.config`` / ``mig.config.state`` labels.
+and NVIDIA mig-parted v0.15.0's ``nvidia.com/mig.config`` / ``mig.config.state`` labels
+with gpu-operator v26.7.0's ``default-mig-parted-config`` and operand labels.
 
 A link is ``ok``, ``broken`` (the chain stops here), ``waiting`` (in progress, nothing is
 wrong yet), ``blocked`` (this step decided rightly; the cause is further down the chain),

@@ -88,6 +88,7 @@ def test_every_chapters_demo_has_a_healthy_fixture() -> None:
         "healthy-demo-hami",
         "healthy-demo-kueue-a",
         "healthy-volcano-gang-worker",
+        "healthy-mig-inference",  # GPU Operator: a MIG device of the operator's plugin
     } <= set(HEALTHY)
 
 
