@@ -291,7 +291,10 @@ def _standalone_fresh(api: client.ApiClient, progress: Progress) -> None:
 
 
 def _label(core: client.CoreV1Api, node: str, value: str) -> None:
-    core.patch_node(node, {"metadata": {"labels": {nl.MIG_CONFIG_LABEL: value}}})
+    """Set the node's mig.config and drop the state of the previous one, so waiting for a
+    state waits for the MIG manager's answer to this value."""
+    labels = {nl.MIG_CONFIG_LABEL: value, nl.MIG_CONFIG_STATE_LABEL: None}
+    core.patch_node(node, {"metadata": {"labels": labels}})
 
 
 def _state(core: client.CoreV1Api, node: str) -> str:
