@@ -192,7 +192,9 @@ def pods_of(api: client.ApiClient, namespace: str, selector: str) -> list[client
 
 
 def newest_pod(api: client.ApiClient, namespace: str, app: str) -> client.V1Pod | None:
-    pods = pods_of(api, namespace, f"app={app}")
+    """The app's newest live pod (a Failed one, e.g. kubelet's UnexpectedAdmissionError,
+    is replaced by its ReplicaSet)."""
+    pods = [p for p in pods_of(api, namespace, f"app={app}") if p.status.phase != "Failed"]
     return max(pods, key=lambda p: p.metadata.creation_timestamp, default=None)
 
 

@@ -122,6 +122,14 @@ class DevicePluginLab:
         core.patch_node(RENAMED, {"metadata": {"labels": {CONFIG_LABEL: LAB_CONFIG}}})
         backend.restart(PLUGIN, RENAMED)
         core.patch_node(STOPPED, {"metadata": {"labels": {PRESENT: None}}})
+
+        def withdrawn() -> bool:  # no pod may be bound to GPUs that are going away
+            return all(
+                (core.read_node(n).status.allocatable or {}).get("nvidia.com/gpu", "0") == "0"
+                for n in (RENAMED, STOPPED)
+            )
+
+        wait_for(withdrawn, 60, f"nvidia.com/gpu to leave {RENAMED}'s and {STOPPED}'s allocatable")
         for app, (_case, node, gpus) in APPS.items():
             selector = {POOL_LABEL: NAME, "kubernetes.io/hostname": node}
             create(api, deployment(app, NS, gpus, node_selector=selector))
