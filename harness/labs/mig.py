@@ -124,7 +124,7 @@ class MigLab:
     name = NAME
     namespace = NS
     spec = SPEC
-    summary = f"inference pods ask for {RESOURCE}; the A100 node never offers it"
+    summary = f"two teams' pods ask for {RESOURCE}; neither A100 node offers it"
     hints = (
         f"`gpulab diagnose node {NODE}`: the mig link reads the node's "
         f"{nl.MIG_CONFIG_LABEL} and {nl.MIG_CONFIG_STATE_LABEL} labels and the MIG manager's "
@@ -137,6 +137,10 @@ class MigLab:
         "under which name does the device plugin advertise the MIG devices?",
         "`kubectl get clusterpolicy cluster-policy -o jsonpath='{.spec.mig}'`: the operator "
         "renders MIG_STRATEGY into the device plugin and GFD from it",
+        f"{NODE_B}: `kubectl get pods -A -o wide --field-selector spec.nodeName={NODE_B}`: "
+        "which device plugin runs there, who deployed it, and when did it start compared "
+        f"with the node's {nl.MIG_CONFIG_STATE_LABEL}=success (`kubectl get events "
+        "--field-selector reason=setState`)?",
     )
 
     def start(self, backend: Any, progress: Progress) -> None:
