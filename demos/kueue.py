@@ -1,26 +1,29 @@
-"""Demo `kueue`: two teams share GPU quota through a cohort.
+"""Demo `kueue`: two GPU teams share quota through a Cohort, with fair sharing.
 
-Kueue's call chain, read back from the cluster's Events as it happens: the Job webhook
-creates every queued Job suspended; the Job integration creates its Workload
-(``Reconcile``); the scheduler finds the Workload's ClusterQueue (``FindClusterQueue``)
-and reserves quota (``Admit``), and the Job integration unsuspends the Job with the
-flavor's nodeSelector (``Unsuspend``). Over quota a Job waits suspended; an idle team's
-quota is borrowed; a high-priority Job reclaims it by preemption (``Evict``); a finishing
-Job (``Finish``) gives its quota to the next.
+Kueue's call chain (kubernetes-sigs/kueue v0.19.2), read back from the cluster's Events
+as it happens: the Job webhook creates every queued Job suspended; the Job integration
+creates its Workload (``handleJobWithNoWorkload``); the queue manager puts it in the
+ClusterQueue its LocalQueue names (``AddOrUpdateWorkload``); a scheduling cycle takes
+the heads, assigns flavors and reserves quota (``admit``), or says why not
+(``requeueAndUpdate``) and parks the Workload until something frees quota; the Job
+integration unsuspends the Job with the flavor's nodeSelector (``startJob``). With fair
+sharing a team that has lent its quota takes it back (``IssuePreemptions``,
+``stopJob``), and teams that both borrow end up with the same share; a finishing Job
+(``FinishWorkload``) requeues the parked Workloads.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
+from rich.table import Table
 
 from demos.cluster import gpu_pod_spec
 from demos.common import (
@@ -34,56 +37,62 @@ from demos.common import (
     say,
 )
 from gpulab import trace
+from gpulab.informer import Handlers, Informer, ListWatch, Resource
 from gpulab.kueue import api as kueue
-from gpulab.kueue.model import condition
-from gpulab.kueue.workload import workload_name_for_job
+from gpulab.kueue.model import condition, timestamp
+from gpulab.kueue.workload import workload_name
 from gpulab.wait import wait_for
 
 TEAM_A, TEAM_B = "demo-kueue-a", "demo-kueue-b"  # the teams' namespaces
-CQ_A, CQ_B = "demo-kueue-team-a", "demo-kueue-team-b"
+CQ_A, CQ_B, CQ_POOL = "demo-kueue-team-a", "demo-kueue-team-b", "demo-kueue-pool"
 COHORT = "demo-kueue"
 FLAVOR = "demo-kueue-gpu"
-HIGH_PRIORITY = "demo-kueue-high"
 GPU = "nvidia.com/gpu"
 Obj = dict[str, Any]
+PLURALS = {kind: plural for kind, plural, _namespaced in kueue.KINDS}
 
 
-# -- objects (the e2e tests build theirs with these too) ----------------------------------
+# -- objects (the e2e tests and the benchmark build theirs with these too) -----------------
 
 
-def flavor(name: str) -> Obj:
-    """A ResourceFlavor for the GPU nodes (their pods get this nodeSelector)."""
+def flavor(name: str, node_labels: Mapping[str, str] | None = None) -> Obj:
+    """A ResourceFlavor; by default for the GPU nodes (their pods get this nodeSelector)."""
+    labels = {"nvidia.com/gpu.present": "true"} if node_labels is None else dict(node_labels)
     return {
         "apiVersion": kueue.API_VERSION,
         "kind": "ResourceFlavor",
         "metadata": {"name": name},
-        "spec": {"nodeLabels": {"nvidia.com/gpu.present": "true"}},
+        "spec": {"nodeLabels": labels} if labels else {},
     }
 
 
 def cluster_queue(
     name: str,
-    namespace: str,
-    quota: int | str,
+    namespace: str | None,
+    quota: int | str | Mapping[str, int | str],
     flavor_name: str,
     cohort: str | None = None,
     resource: str = GPU,
     **spec: Any,
 ) -> Obj:
-    """A ClusterQueue with ``quota`` of ``resource`` for one namespace's queues."""
+    """A ClusterQueue with ``quota`` (one resource, or {resource: quota}) for one
+    namespace's queues (None: for no namespace, a pure lender)."""
+    quotas = quota if isinstance(quota, Mapping) else {resource: quota}
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else None
     body: Obj = {
         "apiVersion": kueue.API_VERSION,
         "kind": "ClusterQueue",
         "metadata": {"name": name},
         "spec": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
             "resourceGroups": [
                 {
-                    "coveredResources": [resource],
+                    "coveredResources": list(quotas),
                     "flavors": [
                         {
                             "name": flavor_name,
-                            "resources": [{"name": resource, "nominalQuota": quota}],
+                            "resources": [
+                                {"name": r, "nominalQuota": q} for r, q in quotas.items()
+                            ],
                         }
                     ],
                 }
@@ -91,6 +100,8 @@ def cluster_queue(
             **spec,
         },
     }
+    if selector is not None:
+        body["spec"]["namespaceSelector"] = selector
     if cohort:
         body["spec"]["cohortName"] = cohort
     return body
@@ -110,7 +121,9 @@ def queued_job(
 ) -> client.V1Job:
     """A one-pod GPU Job for LocalQueue ``queue``; kwok completes its pod after ``seconds``."""
     spec = gpu_pod_spec(gpus, restart_policy="Never")
-    spec.priority_class_name = priority_class
+    labels = {kueue.QUEUE_LABEL: queue}
+    if priority_class:
+        labels[kueue.PRIORITY_CLASS_LABEL] = priority_class
     template = client.V1PodTemplateSpec(
         metadata=client.V1ObjectMeta(
             annotations={"pod-complete.stage.kwok.x-k8s.io/delay": f"{seconds}s"}
@@ -118,7 +131,7 @@ def queued_job(
         spec=spec,
     )
     return client.V1Job(
-        metadata=client.V1ObjectMeta(name=name, labels={kueue.QUEUE_LABEL: queue}),
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
         spec=client.V1JobSpec(template=template, backoff_limit=0),
     )
 
@@ -127,7 +140,7 @@ def create(api: client.ApiClient, body: Obj) -> Obj:
     """Create a kueue.x-k8s.io object (cluster-scoped or namespaced)."""
     custom = client.CustomObjectsApi(api)
     version = body["apiVersion"].split("/")[1]
-    plural = _plural(body["kind"])
+    plural = PLURALS[body["kind"]]
     ns = body["metadata"].get("namespace")
     if ns:
         return custom.create_namespaced_custom_object(kueue.GROUP, version, ns, plural, body)
@@ -136,7 +149,7 @@ def create(api: client.ApiClient, body: Obj) -> Obj:
 
 def get(api: client.ApiClient, kind: str, name: str, namespace: str | None = None) -> Obj:
     custom = client.CustomObjectsApi(api)
-    plural = _plural(kind)
+    plural = PLURALS[kind]
     if namespace:
         return custom.get_namespaced_custom_object(
             kueue.GROUP, kueue.VERSION, namespace, plural, name
@@ -144,15 +157,39 @@ def get(api: client.ApiClient, kind: str, name: str, namespace: str | None = Non
     return custom.get_cluster_custom_object(kueue.GROUP, kueue.VERSION, plural, name)
 
 
+def delete_cluster_objects(api: client.ApiClient, *objects: tuple[str, str]) -> None:
+    """Delete cluster-scoped kueue objects (kind, name) if they exist."""
+    custom = client.CustomObjectsApi(api)
+    for kind, name in objects:
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(kueue.GROUP, kueue.VERSION, PLURALS[kind], name)
+
+
 def workload_of(api: client.ApiClient, namespace: str, job: str) -> Obj | None:
     """The Workload Kueue created for Job ``job`` (named after the Job's name and UID)."""
     uid = client.BatchV1Api(api).read_namespaced_job(job, namespace).metadata.uid
     try:
-        return get(api, "Workload", workload_name_for_job(job, uid), namespace)
+        return get(api, "Workload", workload_name(job, uid, "Job", "batch"), namespace)
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
+
+
+def admitted_at(api: client.ApiClient, namespace: str, job: str) -> float | None:
+    """When Job ``job``'s Workload was admitted (its Admitted condition), or None."""
+    cond = condition(workload_of(api, namespace, job) or {}, "Admitted")
+    if not cond or cond.get("status") != "True":
+        return None
+    return timestamp(cond["lastTransitionTime"])
+
+
+def _next_admission_second(api: client.ApiClient, namespace: str, job: str) -> None:
+    """Wait for ``job`` to be admitted, then for the clock to pass that second: admission
+    times have 1 s resolution and preemption picks the newest admitted first, so the
+    story stays the same on every run."""
+    at = wait_for(lambda: admitted_at(api, namespace, job), 30, f"{job} to be admitted")
+    wait_for(lambda: time.time() >= at + 1, 2, "the next second", interval=0.05)
 
 
 def reason(obj: Mapping[str, Any] | None, ctype: str, status: str = "True") -> str | None:
@@ -165,139 +202,139 @@ def suspended(api: client.ApiClient, namespace: str, job: str) -> bool:
     return bool(client.BatchV1Api(api).read_namespaced_job(job, namespace).spec.suspend)
 
 
-def gpu_usage(cq: Mapping[str, Any]) -> int:
-    """nvidia.com/gpu a ClusterQueue's admitted Workloads hold (its status)."""
+def gpu_usage(cq: Mapping[str, Any], resource: str = GPU) -> int:
+    """``resource`` a ClusterQueue's admitted Workloads hold (its status)."""
     return sum(
         int(r["total"])
         for f in (cq.get("status") or {}).get("flavorsUsage") or []
         for r in f["resources"]
-        if r["name"] == GPU
+        if r["name"] == resource
     )
 
 
+def kueue_resource(kind: str) -> Resource:
+    plural = PLURALS[kind]
+    namespaced = next(n for k, _p, n in kueue.KINDS if k == kind)
+    return Resource(kueue.GROUP, kueue.VERSION, plural, kind, namespaced)
+
+
 class Watched:
-    """The objects of one list/watch, followed in a background thread while in a
-    ``with`` block; ``on_event(obj, objects)`` runs after every event with the object
-    that changed and all of them (name -> object as the API server sent it), so no
-    moment slips between two polls. The e2e tests and bench/kueue_admission.py measure
-    with it."""
+    """The objects of one list+watch (gpulab.informer), followed in a background thread
+    while in a ``with`` block; ``on_event(obj, objects)`` runs after every change with
+    the object that changed and all of them (name -> object), so no moment slips between
+    two polls. The e2e tests and the benchmarks measure with it."""
 
     def __init__(
         self,
-        list_fn: Callable[..., Any],
-        *args: Any,
-        on_event: Callable[[Obj, dict[str, Obj]], None],
-        **kwargs: Any,
+        api: client.ApiClient,
+        resource: Resource,
+        namespace: str | None = None,
+        on_event: Callable[[Obj, dict[str, Obj]], None] = lambda _o, _all: None,
+        field_selector: str | None = None,
     ) -> None:
-        self.objects: dict[str, Obj] = {}
         self.events = 0
-        self._list, self._args, self._kwargs, self._on_event = list_fn, args, kwargs, on_event
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._on_event = on_event
+        lw = ListWatch(api, resource, namespace, field_selector=field_selector)
+        self._informer = Informer(
+            lw,
+            Handlers(
+                on_add=self._seen, on_update=lambda _o, n: self._seen(n), on_delete=self._seen
+            ),
+        )
+
+    @property
+    def objects(self) -> dict[str, Obj]:
+        return {o["metadata"]["name"]: o for o in self._informer.store.list()}
+
+    def _seen(self, obj: Obj) -> None:
+        self.events += 1
+        self._on_event(obj, self.objects)
 
     def __enter__(self) -> Self:
-        self._thread.start()
+        self._informer.start()
+        wait_for(lambda: self._informer.has_synced(), 30, f"the listing of {self._informer.lw}")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            stream = watch.Watch().stream(
-                self._list, *self._args, timeout_seconds=2, deserialize=False, **self._kwargs
-            )
-            try:
-                for ev in stream:
-                    obj = ev["object"]
-                    if ev["type"] == "DELETED":
-                        self.objects.pop(obj["metadata"]["name"], None)
-                    elif ev["type"] in ("ADDED", "MODIFIED"):
-                        self.objects[obj["metadata"]["name"]] = obj
-                    self.events += 1
-                    self._on_event(obj, self.objects)
-                    if self._stop.is_set():
-                        return
-            except Exception:  # a blip in the watch: watch again (a fresh listing)
-                self._stop.wait(0.2)
+        self._informer.stop()
 
 
-def _plural(kind: str) -> str:
-    kinds = (kueue.RESOURCE_FLAVOR, kueue.CLUSTER_QUEUE, kueue.LOCAL_QUEUE, kueue.WORKLOAD)
-    return {k: plural for k, plural, _namespaced in kinds}[kind]
-
-
-# -- the demo ---------------------------------------------------------------------------
+# -- the demo ----------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> int:
     api, _spec = ensure_cluster(args, addons=("kueue",))
     chapter(
-        "Kueue - queues and quota for GPU Jobs",
-        "Two teams, each a LocalQueue on its own ClusterQueue with 4 nvidia.com/gpu, share\n"
-        "one cohort. Kueue keeps queued Jobs suspended until their Workload is admitted.",
+        "Kueue - queues, quota and fair sharing for GPU Jobs",
+        "Two teams, each a LocalQueue on a ClusterQueue with 4 nvidia.com/gpu, and a pool\n"
+        "ClusterQueue lending 4 more, all in one Cohort; the controller runs with fair\n"
+        "sharing on. Kueue keeps queued Jobs suspended until their Workload is admitted.",
     )
     for ns in (TEAM_A, TEAM_B):
         fresh_namespace(api, ns)
     _setup(api)
     batch = client.BatchV1Api(api)
     with LiveTrace(api, TEAM_A) as live_a, LiveTrace(api, TEAM_B) as live_b:
-        say("team-a submits a-1 (4 GPUs): within its own quota")
-        batch.create_namespaced_job(TEAM_A, queued_job("a-1", "team-a", 4, 600))
-        _wait_admitted(api, TEAM_A, "a-1")
-        # Admission times have 1 s resolution; Kueue preempts the most recently admitted
-        # Workload first, which must be a-2.
-        time.sleep(1)
-        say("team-a submits a-2 (4 GPUs): over its quota, but team-b's 4 GPUs are idle")
-        batch.create_namespaced_job(TEAM_A, queued_job("a-2", "team-a", 4, 600))
-        _wait_admitted(api, TEAM_A, "a-2")
-        used = gpu_usage(get(api, "ClusterQueue", CQ_A))
-        if used != 8:
-            raise DemoFailed(f"ClusterQueue {CQ_A} uses {used} GPUs; expected 8 (4 borrowed)")
-        ok(f"a-2 admitted by borrowing: ClusterQueue {CQ_A} uses 8 GPUs, its quota is 4")
+        say("team-a submits a-1 .. a-6 (2 GPUs each): its own 4, then the idle quota")
+        for i in range(1, 7):
+            batch.create_namespaced_job(TEAM_A, queued_job(f"a-{i}", "team-a", 2, 600))
+            _next_admission_second(api, TEAM_A, f"a-{i}")
+        wait_for(lambda: _usage(api, CQ_A) == 12, 90, f"ClusterQueue {CQ_A} to hold 12 GPUs")
+        ok(f"{CQ_A} holds 12 GPUs: its 4, and 8 borrowed from the pool and team-b")
+        _shares(api, "team-a borrowed everything idle")
 
-        say("team-a submits a-3 (2 GPUs): the cohort is full")
-        batch.create_namespaced_job(TEAM_A, queued_job("a-3", "team-a", 2, 600))
-        why = wait_for(
-            lambda: reason(workload_of(api, TEAM_A, "a-3"), kueue.QUOTA_RESERVED, "False"),
-            30,
-            "a-3's Workload to be evaluated",
-        )
-        if why != kueue.REASON_WAITING_FOR_QUOTA or not suspended(api, TEAM_A, "a-3"):
-            raise DemoFailed(f"a-3 should wait suspended for quota; its Workload says {why}")
+        say("team-b submits b-1 (2 GPUs, runs 20 s) and b-2 .. b-4 (2 GPUs each)")
+        batch.create_namespaced_job(TEAM_B, queued_job("b-1", "team-b", 2, 20))
+        for i in range(2, 5):
+            batch.create_namespaced_job(TEAM_B, queued_job(f"b-{i}", "team-b", 2, 600))
         wait_for(
-            lambda: get(api, "ClusterQueue", CQ_A)["status"].get("pendingWorkloads") == 1,
+            lambda: _usage(api, CQ_A) == 6 and _usage(api, CQ_B) == 6,
+            120,
+            "both teams to hold 6 GPUs",
+        )
+        preempted = [
+            n
+            for n in (f"a-{i}" for i in range(1, 7))
+            if reason(workload_of(api, TEAM_A, n), kueue.PREEMPTED)
+        ]
+        if len(preempted) != 3:
+            raise DemoFailed(f"team-a should have lost 3 Workloads, lost {preempted}")
+        ok(
+            f"team-b took its quota back, then fair sharing split the pool: "
+            f"{', '.join(preempted)} preempted"
+        )
+        _shares(api, "shares converged")
+        a, b = _share(api, CQ_A), _share(api, CQ_B)
+        if a != b or a == 0:
+            raise DemoFailed(f"the weighted shares should be equal and above 0: {a} vs {b}")
+        # b-2 .. b-4 were created in the same second: BestEffortFIFO does not say which
+        # of them is left over (one that was parked retries after one still queued)
+        waiting, why = wait_for(
+            lambda: _waiting(api, TEAM_B, [f"b-{i}" for i in range(2, 5)]),
             30,
-            f"ClusterQueue {CQ_A} to count a-3 as pending",
+            "one of b-2 .. b-4 to say why it waits",
         )
-        ok(f"a-3 waits suspended: QuotaReserved=False, {why}; {CQ_A} has 1 pending Workload")
+        ok(f"{waiting} waits suspended: QuotaReserved=False, {why}")
 
-        say("team-b submits b-1 (4 GPUs, PriorityClass demo-kueue-high, runs 8 s)")
-        batch.create_namespaced_job(
-            TEAM_B, queued_job("b-1", "team-b", 4, 8, priority_class=HIGH_PRIORITY)
-        )
-        _wait_admitted(api, TEAM_B, "b-1")
-        a2 = workload_of(api, TEAM_A, "a-2")
-        preempted = reason(a2, kueue.PREEMPTED)
-        if preempted != kueue.IN_COHORT_RECLAMATION or not suspended(api, TEAM_A, "a-2"):
-            raise DemoFailed(f"a-2 should be preempted by b-1 and suspended; Preempted={preempted}")
-        if not _admitted(api, TEAM_A, "a-1"):
-            raise DemoFailed("a-1 (within team-a's own quota) should still run")
-        ok("b-1 reclaimed team-b's quota: a-2 was preempted (InCohortReclamation), a-1 kept")
-
-        say("b-1 finishes: its quota goes to the next Workload waiting in the cohort")
+        say("b-1 finishes: its quota goes back to the Cohort and the parked Workloads retry")
         done = wait_for(
-            lambda: reason(workload_of(api, TEAM_B, "b-1"), kueue.FINISHED), 60, "b-1 to finish"
+            lambda: reason(workload_of(api, TEAM_B, "b-1"), kueue.FINISHED), 90, "b-1 to finish"
         )
-        _wait_admitted(api, TEAM_A, "a-2")
-        if not suspended(api, TEAM_A, "a-3"):
-            raise DemoFailed("a-3 should still wait: the cohort is full again")
-        ok(f"b-1 Finished ({done}); a-2 admitted again, a-3 still waits")
-        _expect(
-            live_a,
-            live_b,
-            {"Reconcile", "FindClusterQueue", "Admit", "Unsuspend", "Evict", "Finish"},
+        wait_for(lambda: not suspended(api, TEAM_B, waiting), 60, f"{waiting} to run")
+        ok(f"b-1 Finished ({done}); {waiting} admitted in its place")
+        steps = {
+            "handleJobWithNoWorkload",
+            "admit",
+            "startJob",
+            "requeueAndUpdate",
+            "IssuePreemptions",
+            "stopJob",
+            "FinishWorkload",
+        }
+        wait_for(
+            lambda: steps <= {ev.step for ev in live_a.seen + live_b.seen},
+            20,
+            f"Events {sorted(steps - {ev.step for ev in live_a.seen + live_b.seen})}",
         )
     diagram = getattr(args, "diagram", None)
     if diagram:
@@ -306,69 +343,87 @@ def run(args: argparse.Namespace) -> int:
         say(f"sequence diagram of this run written to {diagram}")
 
     console.rule("[bold]outcome")
-    ok("over quota: a Job waits suspended, its Workload says why (WaitingForQuota)")
-    ok("idle quota in the cohort is borrowed; a higher-priority Job reclaims it (Evict)")
-    ok("a finishing Job (Finish) admits the next one (Admit → Unsuspend)")
-    say(f"look around: gpulab kubectl get clusterqueues,workloads -n {TEAM_A}")
+    ok("over quota a Job waits suspended; its Workload says why and is parked, not re-sorted")
+    ok("idle quota in the Cohort is borrowed; its owner takes it back (IssuePreemptions)")
+    ok("with fair sharing both borrowing teams end with the same weighted share")
+    ok("a finishing Job (FinishWorkload) requeues the parked Workloads (admit, startJob)")
+    say(f"look around: gpulab kubectl get clusterqueues,workloads -A; namespace {TEAM_A}")
     return 0
+
+
+def _waiting(api: client.ApiClient, namespace: str, jobs: list[str]) -> tuple[str, str] | None:
+    """The one Job of ``jobs`` whose Workload has QuotaReserved=False, and the reason."""
+    found = [
+        (job, why)
+        for job in jobs
+        if (why := reason(workload_of(api, namespace, job), kueue.QUOTA_RESERVED, "False"))
+    ]
+    return found[0] if len(found) == 1 else None
 
 
 def _setup(api: client.ApiClient) -> None:
     """Cluster-scoped objects of the story, made afresh (a rerun deletes the old ones)."""
-    custom = client.CustomObjectsApi(api)
-    sched = client.SchedulingV1Api(api)
-    for plural, name in (
-        ("clusterqueues", CQ_A),
-        ("clusterqueues", CQ_B),
-        ("resourceflavors", FLAVOR),
-    ):
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(kueue.GROUP, kueue.VERSION, plural, name)
-    with contextlib.suppress(ApiException):
-        sched.delete_priority_class(HIGH_PRIORITY)
-    sched.create_priority_class(
-        client.V1PriorityClass(metadata=client.V1ObjectMeta(name=HIGH_PRIORITY), value=1000)
+    delete_cluster_objects(
+        api,
+        ("ClusterQueue", CQ_A),
+        ("ClusterQueue", CQ_B),
+        ("ClusterQueue", CQ_POOL),
+        ("Cohort", COHORT),
+        ("ResourceFlavor", FLAVOR),
     )
     create(api, flavor(FLAVOR))
-    # team-a borrows freely; team-b takes its quota back from lower-priority Workloads.
-    create(api, cluster_queue(CQ_A, TEAM_A, 4, FLAVOR, cohort=COHORT))
     create(
         api,
-        cluster_queue(
-            CQ_B,
-            TEAM_B,
-            4,
-            FLAVOR,
-            cohort=COHORT,
-            preemption={"reclaimWithinCohort": "LowerPriority"},
-        ),
+        {
+            "apiVersion": kueue.API_VERSION,
+            "kind": "Cohort",
+            "metadata": {"name": COHORT},
+            "spec": {},
+        },
     )
+    # each team may take its own quota back from anyone borrowing it
+    fair = {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}
+    create(api, cluster_queue(CQ_A, TEAM_A, 4, FLAVOR, cohort=COHORT, preemption=fair))
+    create(api, cluster_queue(CQ_B, TEAM_B, 4, FLAVOR, cohort=COHORT, preemption=fair))
+    create(api, cluster_queue(CQ_POOL, None, 4, FLAVOR, cohort=COHORT))
     create(api, local_queue("team-a", TEAM_A, CQ_A))
     create(api, local_queue("team-b", TEAM_B, CQ_B))
-    for cq in (CQ_A, CQ_B):
+    for cq in (CQ_A, CQ_B, CQ_POOL):
         wait_for(
             lambda cq=cq: reason(get(api, "ClusterQueue", cq), kueue.CQ_ACTIVE),
             30,
             f"ClusterQueue {cq} to be Active",
         )
-    ok(f"ClusterQueues {CQ_A} and {CQ_B} (cohort {COHORT}, 4 GPUs each) are Active")
+    ok(f"Cohort {COHORT}: {CQ_A}, {CQ_B} (4 GPUs each) and {CQ_POOL} (lends 4) are Active")
 
 
-def _admitted(api: client.ApiClient, namespace: str, job: str) -> bool:
-    wl = workload_of(api, namespace, job)
-    return reason(wl, kueue.ADMITTED) is not None and not suspended(api, namespace, job)
+def _usage(api: client.ApiClient, cq: str) -> int:
+    return gpu_usage(get(api, "ClusterQueue", cq))
 
 
-def _wait_admitted(api: client.ApiClient, namespace: str, job: str) -> None:
-    wait_for(lambda: _admitted(api, namespace, job), 60, f"Job {job} to be admitted and running")
-    wl = workload_of(api, namespace, job) or {}
-    cq = wl["status"]["admission"]["clusterQueue"]
-    ok(f"{job} admitted in ClusterQueue {cq} and unsuspended")
+def _share(api: client.ApiClient, cq: str) -> int:
+    status = get(api, "ClusterQueue", cq).get("status") or {}
+    return int((status.get("fairSharing") or {}).get("weightedShare", 0))
 
 
-def _expect(a: LiveTrace, b: LiveTrace, steps: set[str]) -> None:
-    wait_for(
-        lambda: steps <= {ev.step for ev in a.seen + b.seen},
-        20,
-        f"Events {sorted(steps - {ev.step for ev in a.seen + b.seen})} in the trace",
-    )
+def _shares(api: client.ApiClient, title: str) -> None:
+    table = Table(title=f"fair sharing: {title}")
+    for col in ("ClusterQueue", "GPUs admitted", "borrowed", "weightedShare", "pending"):
+        table.add_column(col)
+    for cq in (CQ_A, CQ_B, CQ_POOL):
+        obj = get(api, "ClusterQueue", cq)
+        status = obj.get("status") or {}
+        borrowed = sum(
+            int(r["borrowed"])
+            for f in status.get("flavorsUsage") or []
+            for r in f["resources"]
+            if r["name"] == GPU
+        )
+        table.add_row(
+            cq,
+            str(gpu_usage(obj)),
+            str(borrowed),
+            str(_share(api, cq)),
+            str(status.get("pendingWorkloads", 0)),
+        )
+    console.print(table)

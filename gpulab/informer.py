@@ -364,6 +364,10 @@ class Informer:
     def wait_for_sync(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     def _run(self) -> None:
         for delta in reflect(self.lw, self.store, self._stop, streams=self._streams):
             if delta.type == SYNCED:

@@ -58,11 +58,19 @@ class Backend(Protocol):
         """Host processes of the cluster (local backend; empty elsewhere)."""
         ...
 
-    def component_pods(self, component: str, node: str | None = None) -> list[Any]:
-        """The pods of a component (label app.kubernetes.io/name) in gpulab-system."""
+    def component_pods(
+        self, component: str, node: str | None = None, namespace: str = SYSTEM_NAMESPACE
+    ) -> list[Any]:
+        """The pods of a component (label app.kubernetes.io/name) in ``namespace``."""
         ...
 
-    def restart(self, component: str, node: str | None = None, timeout: float = 90) -> Any:
+    def restart(
+        self,
+        component: str,
+        node: str | None = None,
+        timeout: float = 90,
+        namespace: str = SYSTEM_NAMESPACE,
+    ) -> Any:
         """Delete a component's pods (on ``node``) and wait for a Ready replacement."""
         ...
 
@@ -97,35 +105,43 @@ class ClusterAPI:
     def api(self) -> client.ApiClient:
         return api_client(self.kubeconfig)
 
-    def component_pods(self, component: str, node: str | None = None) -> list[client.V1Pod]:
+    def component_pods(
+        self, component: str, node: str | None = None, namespace: str = SYSTEM_NAMESPACE
+    ) -> list[client.V1Pod]:
         fields = f"spec.nodeName={node}" if node else None
         return (
             client.CoreV1Api(self.api())
             .list_namespaced_pod(
-                SYSTEM_NAMESPACE,
+                namespace,
                 label_selector=f"{COMPONENT_LABEL}={component}",
                 field_selector=fields,
             )
             .items
         )
 
-    def restart(self, component: str, node: str | None = None, timeout: float = 90) -> client.V1Pod:
+    def restart(
+        self,
+        component: str,
+        node: str | None = None,
+        timeout: float = 90,
+        namespace: str = SYSTEM_NAMESPACE,
+    ) -> client.V1Pod:
         """As `kubectl delete pod` does for a DaemonSet's or Deployment's pod: the
         controller creates a new one, which runs from the start (re-registers ...)."""
         core = client.CoreV1Api(self.api())
-        old = self.component_pods(component, node)
+        old = self.component_pods(component, node, namespace)
         where = f" on {node}" if node else ""
         if not old:
-            raise HarnessError(f"no {component} pod runs{where} in {SYSTEM_NAMESPACE}")
+            raise HarnessError(f"no {component} pod runs{where} in {namespace}")
         gone = {p.metadata.uid for p in old}
         for pod in old:
-            core.delete_namespaced_pod(pod.metadata.name, SYSTEM_NAMESPACE)
+            core.delete_namespaced_pod(pod.metadata.name, namespace)
 
         def replacement() -> client.V1Pod | None:
             return next(
                 (
                     p
-                    for p in self.component_pods(component, node)
+                    for p in self.component_pods(component, node, namespace)
                     if p.metadata.uid not in gone and pod_ready(p)
                 ),
                 None,

@@ -1,9 +1,12 @@
-"""Kueue counterpart: ResourceFlavor, ClusterQueue, LocalQueue and Workload
-(kueue.x-k8s.io/v1beta2), a quota cache with cohorts and borrowing, a scheduler that
-admits Workloads, the Job integration that suspends and unsuspends batch/v1 Jobs, and the
-webhooks (Job defaulting, CRD conversion v1beta1 <-> v1beta2).
+"""Kueue counterpart, mirroring kubernetes-sigs/kueue v0.19.2: ResourceFlavor,
+ClusterQueue, LocalQueue, Cohort, AdmissionCheck, WorkloadPriorityClass and Workload
+(kueue.x-k8s.io/v1beta2, v1beta1 converted), the scheduler and its queues, the
+integrations (batch/v1 Jobs, Pods and pod groups, Deployments, StatefulSets) and the
+webhooks. The chapter's map is docs/kueue.md.
 
-Laid out like upstream kubernetes-sigs/kueue: ``cache`` (pkg/cache/scheduler), ``scheduler``
-(pkg/scheduler), ``controllers`` (pkg/controller/core, pkg/controller/jobs/job),
-``webhook`` (pkg/controller/jobs/job/job_webhook.go, apis/kueue/v1beta1/*_conversion.go).
+Laid out like upstream: ``cache`` (pkg/cache/scheduler), ``queue`` (pkg/cache/queue),
+``scheduler``, ``flavorassigner``, ``preemption`` (pkg/scheduler/...), ``controllers``
+(pkg/controller/core, pkg/controller/jobframework), ``jobs`` (pkg/controller/jobs),
+``validation`` and ``webhook`` (pkg/webhooks, the jobs' webhooks), ``conversion``
+(apis/kueue/v1beta1/*_conversion.go), ``config`` (apis/config/v1beta2), ``metrics``.
 """

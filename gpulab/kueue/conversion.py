@@ -1,9 +1,10 @@
 """CRD conversion between kueue.x-k8s.io/v1beta1 and v1beta2 (the hub, stored).
 
-Mirrors apis/kueue/v1beta1/{clusterqueue,localqueue,workload}_conversion.go for the
-fields this lab serves; fields that exist in only one version (Topology Aware
-Scheduling assignments, ConcurrentAdmission, MultiKueue) are not converted.
-Every function takes and returns plain dicts and does not change its input.
+Mirrors kubernetes-sigs/kueue v0.19.2 apis/kueue/v1beta1/{clusterqueue,localqueue,
+workload}_conversion.go; Cohort, AdmissionCheck, ResourceFlavor and
+WorkloadPriorityClass have the same schema in both versions. Every function takes and
+returns plain dicts and does not change its input; a malformed request is answered with
+``result.status: Failure`` and a message, never an exception.
 """
 
 from __future__ import annotations
@@ -137,49 +138,74 @@ _TO_V1BETA2: Mapping[str, Callable[[Obj], None]] = {
     "LocalQueue": _lq_to_v1beta2,
     "Workload": _wl_to_v1beta2,
     "ResourceFlavor": _same,
+    "Cohort": _same,
+    "AdmissionCheck": _same,
+    "WorkloadPriorityClass": _same,
 }
 _TO_V1BETA1: Mapping[str, Callable[[Obj], None]] = {
     "ClusterQueue": _cq_to_v1beta1,
     "LocalQueue": _lq_to_v1beta1,
     "Workload": _wl_to_v1beta1,
     "ResourceFlavor": _same,
+    "Cohort": _same,
+    "AdmissionCheck": _same,
+    "WorkloadPriorityClass": _same,
 }
 
 
-def convert(obj: Mapping[str, Any], desired_api_version: str) -> Obj:
+def convert(obj: Any, desired_api_version: str) -> Obj:
     """One object converted to ``desired_api_version`` (v1beta1 <-> v1beta2)."""
+    if not isinstance(obj, Mapping):
+        raise ConversionError("every object must be a JSON object")
     kind = obj.get("kind", "")
     source = obj.get("apiVersion", "")
+    if not isinstance(kind, str) or not isinstance(source, str):
+        raise ConversionError("apiVersion and kind must be strings")
     out = copy.deepcopy(dict(obj))
     if source == desired_api_version:
         return out
     if kind not in _TO_V1BETA2:
         raise ConversionError(f"unsupported kind {kind!r}")
-    if (source, desired_api_version) == (V1BETA1, V1BETA2):
-        _TO_V1BETA2[kind](out)
-    elif (source, desired_api_version) == (V1BETA2, V1BETA1):
-        _TO_V1BETA1[kind](out)
-    else:
-        raise ConversionError(f"cannot convert {kind} from {source!r} to {desired_api_version!r}")
+    try:
+        if (source, desired_api_version) == (V1BETA1, V1BETA2):
+            _TO_V1BETA2[kind](out)
+        elif (source, desired_api_version) == (V1BETA2, V1BETA1):
+            _TO_V1BETA1[kind](out)
+        else:
+            raise ConversionError(
+                f"cannot convert {kind} from {source!r} to {desired_api_version!r}"
+            )
+    except (AttributeError, TypeError) as exc:
+        raise ConversionError(f"malformed {kind}: {exc}") from exc
     out["apiVersion"] = desired_api_version
     return out
 
 
 def review(body: Mapping[str, Any]) -> dict[str, Any]:
     """Answer a ConversionReview (apiextensions.k8s.io/v1)."""
-    request = body.get("request") or {}
-    response: dict[str, Any] = {"uid": request.get("uid", "")}
+    request = body.get("request")
+    uid = request.get("uid") if isinstance(request, Mapping) else None
+    response: dict[str, Any] = {"uid": uid if isinstance(uid, str) else ""}
     try:
+        if not isinstance(request, Mapping):
+            raise ConversionError("request is missing")
         desired = request.get("desiredAPIVersion")
-        if not desired:
+        if not desired or not isinstance(desired, str):
             raise ConversionError("request.desiredAPIVersion is required")
-        response["convertedObjects"] = [convert(o, desired) for o in request.get("objects") or []]
+        objects = request.get("objects") or []
+        if not isinstance(objects, list):
+            raise ConversionError("request.objects must be a list")
+        response["convertedObjects"] = [convert(o, desired) for o in objects]
         response["result"] = {"status": "Success"}
     except ConversionError as exc:
         response["convertedObjects"] = []
         response["result"] = {"status": "Failure", "message": str(exc)}
+    except RecursionError:
+        response["convertedObjects"] = []
+        response["result"] = {"status": "Failure", "message": "an object nests too deeply"}
+    version = body.get("apiVersion")
     return {
-        "apiVersion": body.get("apiVersion", "apiextensions.k8s.io/v1"),
+        "apiVersion": version if isinstance(version, str) else "apiextensions.k8s.io/v1",
         "kind": "ConversionReview",
         "response": response,
     }

@@ -24,7 +24,7 @@ ADDONS = {
     "volcano": "harness.addons.volcano",
     "gpu-operator": "harness.addons.gpu_operator",
 }
-LOCAL_ONLY = {"hami", "kueue"}
+LOCAL_ONLY = {"hami"}
 # addons that deploy a device plugin: their nodes start without GPU capacity (kubelet
 # learns it from the plugin's ListAndWatch)
 DEVICE_PLUGINS = {"device-plugin", "hami", "gpu-operator"}

@@ -1,78 +1,72 @@
-"""Addon ``kueue``: the Kueue counterpart (``gpulab kueue-controller``) with its webhooks.
+"""Addon ``kueue``: the Kueue counterpart (``gpulab kueue-controller``, mirroring
+kubernetes-sigs/kueue v0.19.2), deployed as pods on every backend.
 
-On kind this is the Deployment in ``manifests/kueue/`` behind Service
-``kueue-webhook-service``. Here the controller is a host process serving the Job
-mutating webhook and the CRD conversion webhook over HTTPS with a certificate from the
-cluster CA; the local transform points both (Service form in the manifests) at it. The
-controller must answer before the CRDs are applied: the API server calls ``/convert``
-for every v1beta1 request.
+Applies ``manifests/kueue/`` (the release's CRDs, RBAC, the Configuration ConfigMap, the
+``kueue-controller-manager`` Deployment, its webhook and metrics Services, the webhook
+configurations) through the backend: on the local backend the pod runner runs the
+Deployment (image ``gpulab:dev``) as a host process talking as its ServiceAccount, and
+the webhooks and the CRDs' conversion call ``kueue-webhook-service``'s address with the
+``kueue-webhook-service-tls`` certificate the apply path creates. Returns once the
+Deployment is available: from then on v1beta1 requests are converted and Jobs admitted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from harness.apply import MANIFESTS, apply
+import httpx
+from kubernetes import client
+
+from gpulab.wait import WaitTimeout, wait_for
+from harness.apply import MANIFESTS
+from harness.backends import Backend
 from harness.errors import HarnessError
-from harness.local import GPULAB, ProcessRecord, pid_alive
-from harness.ports import free_port
-
-if TYPE_CHECKING:
-    from harness.local import LocalCluster
+from harness.podrunner.network import service_address
 
 Progress = Callable[[str], None]
-NAME = "kueue-controller"
-SERVICE = "kueue-webhook-service"  # the Service both webhooks name in manifests/kueue
-CERT_STEM = "kueue-webhook"
-# load_documents leaves samples/ out: those are for the reader to apply
-MANIFEST_DIR = MANIFESTS / "kueue"
+NAMESPACE = "kueue-system"
+DEPLOYMENT = "kueue-controller-manager"
+COMPONENT = "kueue"  # the pods' app.kubernetes.io/name
+METRICS_SERVICE = "kueue-controller-manager-metrics-service"
+METRICS_PORT = 8443
+MANIFEST_DIR = MANIFESTS / "kueue"  # samples/ is left out by load_documents
+READY_TIMEOUT = 120.0
 
 
-def start(cluster: LocalCluster, progress: Progress) -> None:
-    cluster.issue_serving_cert(CERT_STEM, SERVICE)
-    port = free_port()
-    start_controller(cluster, port)
-    apply(cluster.api(), [MANIFEST_DIR], progress, cluster.apply_transform(dry_run_workloads=True))
-    progress(f"kueue: controller on 127.0.0.1:{port}, CRDs and Job webhook registered")
+def start(backend: Backend, progress: Progress) -> None:
+    backend.apply([MANIFEST_DIR], progress)
+    apps = client.AppsV1Api(backend.api())
+
+    def available() -> bool:
+        status = apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE).status
+        return (status.available_replicas or 0) >= 1
+
+    progress(f"waiting for the {DEPLOYMENT} Deployment in {NAMESPACE}")
+    try:
+        wait_for(available, READY_TIMEOUT, f"the {DEPLOYMENT} Deployment", 0.5)
+    except WaitTimeout:
+        raise HarnessError(
+            f"the {DEPLOYMENT} Deployment is not available after {READY_TIMEOUT:g}s; see "
+            f"`gpulab kubectl -n {NAMESPACE} describe pods` and `... logs deploy/{DEPLOYMENT}`"
+        ) from None
+    progress(f"kueue: {DEPLOYMENT} Ready in {NAMESPACE}; CRDs, webhooks and metrics served")
 
 
-def start_controller(cluster: LocalCluster, port: int) -> ProcessRecord:
-    """Start the controller serving the webhooks on ``port``; return once /readyz answers
-    (a controller that dies fails here with one line naming its log)."""
-    record = cluster.start_process(
-        NAME,
-        [
-            *GPULAB,
-            "kueue-controller",
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "--webhook-bind",
-            f"127.0.0.1:{port}",
-            "--cert-file",
-            str(cluster.pki / f"{CERT_STEM}.crt"),
-            "--key-file",
-            str(cluster.pki / f"{CERT_STEM}.key"),
-        ],
-        ports=[port],
-        service=SERVICE,
+def metrics(backend: Backend) -> str:
+    """The controller's Prometheus text, scraped through its metrics Service."""
+    api = backend.api()
+    svc = client.CoreV1Api(api).read_namespaced_service(METRICS_SERVICE, NAMESPACE)
+    block = getattr(backend, "block", None)
+    if block is not None:  # the local backend serves ClusterIPs on its loopback block
+        address = service_address(block, svc.spec.cluster_ip)
+        return httpx.get(f"http://{address}:{METRICS_PORT}/metrics", timeout=5).text
+    # elsewhere through the API server's Service proxy
+    path = f"/api/v1/namespaces/{NAMESPACE}/services/{METRICS_SERVICE}:metrics/proxy/metrics"
+    response = api.call_api(
+        path,
+        "GET",
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _preload_content=False,
     )
-    cluster.wait_http(f"https://127.0.0.1:{port}/readyz", NAME)
-    return record
-
-
-def restart(cluster: LocalCluster) -> ProcessRecord:
-    """Start the controller again on its port after it was stopped or killed (the
-    webhook configurations keep pointing there)."""
-    record = controller(cluster)
-    if pid_alive(record.pid, record.exe):
-        raise HarnessError(f"{NAME} still runs (pid {record.pid}); stop it first")
-    return start_controller(cluster, record.ports[0])
-
-
-def controller(cluster: LocalCluster) -> ProcessRecord:
-    """The controller's process record."""
-    for record in cluster.processes():
-        if record.name == NAME:
-            return record
-    raise HarnessError(f"cluster {cluster.spec.name} runs no {NAME} (addon kueue not started)")
+    return response.data.decode()

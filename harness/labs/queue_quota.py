@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpulab.kueue import api as kueue
-from gpulab.kueue.workload import workload_name_for_job
+from gpulab.kueue.workload import workload_name
 from gpulab.wait import wait_for
 from harness.labs import POOL_LABEL, SPEC, Case, CaseState, Namespace, Progress
 
@@ -137,7 +137,7 @@ def workload_of(api: client.ApiClient, name: str) -> dict[str, Any] | None:
     try:
         uid = client.BatchV1Api(api).read_namespaced_job(name, NS).metadata.uid
         return client.CustomObjectsApi(api).get_namespaced_custom_object(
-            kueue.GROUP, kueue.VERSION, NS, "workloads", workload_name_for_job(name, uid)
+            kueue.GROUP, kueue.VERSION, NS, "workloads", workload_name(name, uid, "Job", "batch")
         )
     except ApiException as exc:
         if exc.status == 404:

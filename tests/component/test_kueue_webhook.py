@@ -1,11 +1,15 @@
-"""The Kueue webhook HTTP app with real AdmissionReview v1 / ConversionReview v1 bodies."""
+"""The Kueue webhook server over HTTPS with real AdmissionReview v1 / ConversionReview v1
+bodies, and every path the webhook configurations in manifests/kueue name."""
 
 from __future__ import annotations
 
 import base64
 import copy
+import http.client
 import json
 import ssl
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ import pytest
 
 from gpulab.kueue import webhook
 from harness import pki
+from harness.apply import MANIFESTS, load_documents
 from harness.ports import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kueue"
@@ -44,7 +49,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     ca = pki.create_ca(certs)
     pair = pki.issue(ca, certs, "tls", "kueue-webhook", hosts=("127.0.0.1",))
     port = free_port()
-    server = webhook.serve_in_thread(f"127.0.0.1:{port}", str(pair.cert), str(pair.key))
+    server = webhook.serve_in_thread(
+        f"127.0.0.1:{port}", str(pair.cert), str(pair.key), webhook.Lookups(), threading.Event()
+    )
     verify = ssl.create_default_context(cafile=str(ca.cert))
     try:
         with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=verify, timeout=5) as c:
@@ -115,8 +122,54 @@ def test_bad_bodies_and_health(client: httpx.Client) -> None:
     assert client.get("/readyz").status_code == 200
 
 
+def test_every_webhook_the_manifests_register_is_served(client: httpx.Client) -> None:
+    paths = {
+        w["clientConfig"]["service"]["path"]
+        for doc in load_documents([MANIFESTS / "kueue"])
+        if doc["kind"].endswith("WebhookConfiguration")
+        for w in doc["webhooks"]
+    }
+    assert len(paths) == 12
+    review = fixture("admission-review-job.json")
+    for path in paths:
+        resp = client.post(path, json=review)
+        assert resp.status_code == 200, path
+        assert resp.json()["response"]["uid"] == review["request"]["uid"]
+    crd_paths = {
+        d["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["path"]
+        for d in load_documents([MANIFESTS / "kueue" / "crds"])
+        if "conversion" in d["spec"]
+    }
+    assert crd_paths == {webhook.CONVERT_PATH}
+
+
 def test_parse_bind() -> None:
     assert webhook.parse_bind("127.0.0.1:9443") == ("127.0.0.1", 9443)
     for bad in ("9443", "127.0.0.1:", ":9443", "host:port"):
         with pytest.raises(ValueError):
             webhook.parse_bind(bad)
+
+
+def test_an_idle_keep_alive_connection_is_not_closed_under_the_api_server(
+    client: httpx.Client,
+) -> None:
+    """kube-apiserver keeps webhook connections idle for up to 90 s and then reuses them;
+    a server that closes them sooner (uvicorn's default is 5 s) races that reuse and the
+    API server reads EOF ("failed calling webhook ... EOF": a 500 for the user)."""
+    conn = http.client.HTTPSConnection(
+        client.base_url.host,
+        client.base_url.port,
+        context=ssl._create_unverified_context(),  # the connection is the point, not the CA
+        timeout=5,
+    )
+    body = json.dumps(fixture("admission-review-job.json"))
+    headers = {"Content-Type": "application/json"}
+    try:
+        for pause in (0, 6.5):
+            time.sleep(pause)
+            conn.request("POST", "/mutate-batch-v1-job", body, headers)
+            resp = conn.getresponse()
+            assert resp.status == 200
+            resp.read()
+    finally:
+        conn.close()

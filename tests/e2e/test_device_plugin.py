@@ -156,6 +156,18 @@ def test_pod_over_the_nodes_free_devices_fails_admission(cluster, namespace) -> 
     # device manager (the node agent) must refuse it
     spec = gpu_pod_spec(5)
     spec.node_name = "gpu-t4-0"
+
+    def holders() -> list[str]:
+        """Pods of earlier tests (other namespaces, still terminating) holding its GPUs."""
+        pods = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-t4-0").items
+        return [
+            p.metadata.name
+            for p in pods
+            if p.status.phase not in ("Succeeded", "Failed")
+            and any((c.resources.limits or {}).get("nvidia.com/gpu") for c in p.spec.containers)
+        ]
+
+    wait_for(lambda: not holders(), 60, "gpu-t4-0's GPUs to be free of earlier tests' pods")
     core.create_namespaced_pod(
         namespace, client.V1Pod(metadata=client.V1ObjectMeta(name="greedy"), spec=spec)
     )

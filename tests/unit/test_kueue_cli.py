@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.cli import build_parser
-from gpulab.errors import CLIError
+from gpulab.errors import UserError
 from gpulab.kueue import commands
 
 
@@ -33,10 +33,17 @@ def test_flags() -> None:
         "c",
         "--key-file",
         "k2",
+        "--metrics-bind",
+        "127.0.0.1:8443",
+        "--config",
+        "cfg.yaml",
+        "--feature-gates",
+        "UnadmittedWorkloadsObservability=true",
     )
     assert (args.kubeconfig, args.webhook_bind) == ("k", "127.0.0.1:9443")
     assert (args.cert_file, args.key_file) == (Path("c"), Path("k2"))
-    assert args.resync_seconds == 5.0
+    assert (args.metrics_bind, args.config) == ("127.0.0.1:8443", Path("cfg.yaml"))
+    assert args.feature_gates == "UnadmittedWorkloadsObservability=true"
 
 
 @pytest.mark.parametrize(
@@ -49,10 +56,13 @@ def test_flags() -> None:
             ["--webhook-bind", "127.0.0.1:1", "--cert-file", "/nope", "--key-file", "/nope"],
             "--cert-file /nope: no such file",
         ),
-        (["--resync-seconds", "0"], "must be positive"),
+        (["--feature-gates", "Foo"], "expected Name=true or Name=false"),
+        (["--feature-gates", "Foo=true"], "feature gate Foo is not implemented by the lab"),
+        (["--config", "/nope.yaml"], "--config /nope.yaml: No such file"),
+        (["--metrics-bind", "x:notaport"], "--metrics-bind must be HOST:PORT"),
     ],
 )
 def test_user_errors_are_one_line(argv: list[str], message: str) -> None:
     args = parse(*argv)
-    with pytest.raises(CLIError, match=message):
+    with pytest.raises(UserError, match=message):
         args.func(args)

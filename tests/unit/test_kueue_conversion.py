@@ -127,7 +127,9 @@ def test_input_is_not_modified_and_same_version_is_a_copy() -> None:
 
 def test_unsupported_conversions_fail() -> None:
     with pytest.raises(ConversionError):
-        convert({**CQ_V1BETA1, "kind": "Cohort"}, V1BETA2)
+        convert({**CQ_V1BETA1, "kind": "Topology"}, V1BETA2)
+    with pytest.raises(ConversionError, match="malformed ClusterQueue"):
+        convert({**CQ_V1BETA1, "spec": {"flavorFungibility": 7}}, V1BETA2)
     with pytest.raises(ConversionError):
         convert(CQ_V1BETA1, "kueue.x-k8s.io/v1alpha1")
 
@@ -146,3 +148,9 @@ def test_review_reports_failure_per_protocol() -> None:
     bad = review({"request": {"uid": "u2", "objects": [CQ_V1BETA1]}})
     assert bad["response"]["result"]["status"] == "Failure"
     assert "desiredAPIVersion" in bad["response"]["result"]["message"]
+    odd = review({"request": {"uid": 5, "desiredAPIVersion": V1BETA2, "objects": "x"}})
+    assert odd["response"] == {
+        "uid": "",
+        "convertedObjects": [],
+        "result": {"status": "Failure", "message": "request.objects must be a list"},
+    }

@@ -1,432 +1,361 @@
-"""Admission decisions of gpulab.kueue.scheduler over gpulab.kueue.cache (pure)."""
+"""The scheduling cycle, flavor assignment and preemption against upstream Kueue v0.19.2
+behaviour: pure functions over a snapshot, no cluster."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from gpulab.kueue import api, cache, model
+from gpulab.kueue import api
 from gpulab.kueue.api import FlavorResource
-from gpulab.kueue.scheduler import (
-    Mode,
-    Outcome,
-    assign_flavors,
-    find_preemption_targets,
-    schedule,
+from gpulab.kueue.cache import Cache, dominant_resource_share
+from gpulab.kueue.flavorassigner import Mode
+from gpulab.kueue.model import (
+    ClusterQueue,
+    Cohort,
+    Flavor,
+    FlavorFungibility,
+    PodSetResources,
+    PodSetSpec,
+    Preemption,
+    Quota,
+    ResourceGroup,
+    WorkloadInfo,
 )
+from gpulab.kueue.preemption import Preemptor
+from gpulab.kueue.queue import Head
+from gpulab.kueue.scheduler import Entry, Status, schedule
 
-ALL_NS: dict[str, Any] = {}
+GPU = "nvidia.com/gpu"
+NOW = 1_000_000.0
 
 
 def cq(
     name: str,
-    flavors: list[tuple[str, dict[str, Any]]],
-    *,
-    resources: tuple[str, ...] = ("cpu",),
-    **spec: Any,
-) -> model.ClusterQueue:
-    """A ClusterQueue with one resource group; quotas as {resource: nominal | dict}."""
-    fqs = []
-    for flavor, quotas in flavors:
-        rs = []
-        for r in resources:
-            q = quotas[r]
-            rs.append({"name": r, **(q if isinstance(q, dict) else {"nominalQuota": q})})
-        fqs.append({"name": flavor, "resources": rs})
-    obj = {
-        "metadata": {"name": name},
-        "spec": {
-            "namespaceSelector": {},
-            "resourceGroups": [{"coveredResources": list(resources), "flavors": fqs}],
-            **spec,
-        },
-    }
-    return model.cluster_queue_from_obj(obj)
+    quotas: dict[str, int | tuple[int, int | None, int | None]],
+    cohort: str | None = None,
+    resource: str = GPU,
+    **kw: Any,
+) -> ClusterQueue:
+    """A ClusterQueue covering ``resource`` with flavors in the given order; a quota is
+    the nominal or (nominal, borrowingLimit, lendingLimit)."""
+    q = {}
+    for flavor, value in quotas.items():
+        nominal, borrow, lend = value if isinstance(value, tuple) else (value, None, None)
+        q[FlavorResource(flavor, resource)] = Quota(nominal, borrow, lend)
+    return ClusterQueue(
+        name=name,
+        resource_groups=(ResourceGroup((resource,), tuple(quotas)),),
+        quotas=q,
+        cohort=cohort,
+        namespace_selector={},
+        **kw,
+    )
 
 
-def wl(
-    name: str,
-    cpu: str,
-    *,
-    queue: str = "cq",
-    priority: int = 0,
-    created: str = "2026-01-01T00:00:00Z",
-    count: int = 1,
-    admitted_flavor: str | None = None,
-    reserved_at: str = "2026-01-01T00:00:10Z",
-    selector: dict[str, str] | None = None,
-) -> model.WorkloadInfo:
-    obj: dict[str, Any] = {
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "uid": f"uid-{name}",
-            "creationTimestamp": created,
-        },
-        "spec": {
-            "queueName": "user-queue",
-            "priority": priority,
-            "podSets": [
-                {
-                    "name": "main",
-                    "count": count,
-                    "template": {
-                        "spec": {
-                            "nodeSelector": selector or {},
-                            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}],
-                        }
-                    },
-                }
-            ],
-        },
-    }
-    if admitted_flavor:
-        total = api.format_quantity(api.quantity(cpu) * count)
-        obj["status"] = {
-            "admission": {
-                "clusterQueue": queue,
-                "podSetAssignments": [
-                    {
-                        "name": "main",
-                        "flavors": {"cpu": admitted_flavor},
-                        "resourceUsage": {"cpu": total},
-                        "count": count,
-                    }
-                ],
-            },
-            "conditions": [
-                {"type": "QuotaReserved", "status": "True", "lastTransitionTime": reserved_at}
-            ],
-        }
-    return model.workload_from_obj(obj, cluster_queue=queue)
+def admitted(
+    name: str, queue: str, flavor: str, gpus: int, priority: int = 0, at: float = 0.0
+) -> WorkloadInfo:
+    return WorkloadInfo(
+        namespace="ns",
+        name=name,
+        uid=name,
+        queue_name="lq",
+        total_requests=(PodSetResources("main", 1, {GPU: gpus}, {GPU: flavor}),),
+        pod_sets=(PodSetSpec("main", 1),),
+        priority=priority,
+        cluster_queue=queue,
+        admission={"clusterQueue": queue},
+        quota_reserved_at=at,
+    )
 
 
-def flavors(*names: str, **specs: dict[str, Any]) -> list[model.Flavor]:
-    out = [model.Flavor(n) for n in names]
-    out += [model.flavor_from_obj({"metadata": {"name": n}, "spec": s}) for n, s in specs.items()]
-    return out
+def pending(name: str, queue: str, gpus: int, priority: int = 0, at: float = 0.0) -> WorkloadInfo:
+    return WorkloadInfo(
+        namespace="ns",
+        name=name,
+        uid=name,
+        queue_name="lq",
+        total_requests=(PodSetResources("main", 1, {GPU: gpus}),),
+        pod_sets=(PodSetSpec("main", 1),),
+        priority=priority,
+        created=at,
+        queue_ts=at,
+        cluster_queue=queue,
+    )
 
 
 def make_cache(
-    cqs: list[model.ClusterQueue],
-    fl: list[model.Flavor],
-    admitted: Sequence[model.WorkloadInfo] = (),
-) -> cache.Cache:
-    """The cache as the manager rebuilds it on start: flavors, queues, admitted Workloads."""
-    c = cache.Cache()
-    for f in fl:
-        c.add_or_update_flavor(f)
-    for q in cqs:
+    queues: list[ClusterQueue],
+    running: list[WorkloadInfo] = (),  # type: ignore[assignment]
+    cohorts: list[Cohort] = (),  # type: ignore[assignment]
+) -> Cache:
+    c = Cache()
+    for q in queues:
+        for name in q.flavor_names():
+            c.add_or_update_flavor(Flavor(name))
         c.add_or_update_cluster_queue(q)
-    for w in admitted:
-        c.add_workload(w)
+    for co in cohorts:
+        c.add_or_update_cohort(co)
+    for wl in running:
+        assert c.add_or_update_workload(wl)
     return c
 
 
-def CPU(flavor: str) -> FlavorResource:
-    return FlavorResource(flavor, "cpu")
-
-
-def test_admits_until_nominal_quota_then_waits_for_quota() -> None:
-    c = make_cache([cq("cq", [("default-flavor", {"cpu": 9})])], flavors("default-flavor"))
-    pending = [wl(f"w{i}", "3", created=f"2026-01-01T00:00:0{i}Z") for i in range(4)]
-    decisions = {d.workload.name: d for d in schedule(pending, c, ALL_NS)}
-    assert [decisions[f"w{i}"].outcome for i in range(4)] == [Outcome.ADMIT] * 3 + [Outcome.PENDING]
-    assert c.used("cq", CPU("default-flavor")) == 9
-    assert decisions["w3"].reason == api.REASON_WAITING_FOR_QUOTA
-    assert decisions["w3"].message == (
-        "couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor "
-        "default-flavor, 3 more needed"
+def run(cache: Cache, *heads: WorkloadInfo, fair: bool = False) -> dict[str, Entry]:
+    preemptor = Preemptor(fair_sharing=fair, clock=lambda: NOW)
+    entries = schedule(
+        [Head(h) for h in heads], cache.snapshot(), preemptor, lambda _ns: {}, fair_sharing=fair
     )
-    adm = decisions["w0"].admission
-    assert adm == {
-        "clusterQueue": "cq",
+    return {e.info.name: e for e in entries}
+
+
+def victims(e: Entry) -> set[str]:
+    return {t.workload.name for t in e.targets}
+
+
+# -- flavor assignment simulates preemption (flavorassigner SimulatePreemption) --------------
+
+
+def test_flavor_without_preemption_candidates_ranks_below_one_that_can_preempt() -> None:
+    # a100 is held by a higher-priority Workload (no candidates), h100 by a lower one.
+    queue = cq("gpus", {"a100": 4, "h100": 4}, preemption=Preemption(api.LOWER_PRIORITY))
+    cache = make_cache(
+        [queue],
+        [admitted("vip", "gpus", "a100", 4, priority=100), admitted("low", "gpus", "h100", 4)],
+    )
+    e = run(cache, pending("mid", "gpus", 4, priority=50))["mid"]
+    assert e.preempt and e.assignment is not None
+    assert e.assignment.pod_sets[0].flavors[GPU].name == "h100"
+    assert victims(e) == {"low"}
+    assert e.reason == api.REASON_WAITING_FOR_PREEMPTED
+
+
+def test_no_candidates_anywhere_leaves_the_workload_waiting_for_quota() -> None:
+    queue = cq("gpus", {"a100": 4, "h100": 4}, preemption=Preemption(api.LOWER_PRIORITY))
+    cache = make_cache(
+        [queue],
+        [
+            admitted("vip", "gpus", "a100", 4, priority=100),
+            admitted("vip2", "gpus", "h100", 4, priority=100),
+        ],
+    )
+    e = run(cache, pending("mid", "gpus", 4, priority=50))["mid"]
+    assert not e.preempt and not e.targets and e.admission is None
+    assert e.assignment is not None and e.assignment.mode() == Mode.PREEMPT
+    assert e.reason == api.REASON_WAITING_FOR_QUOTA
+    assert "insufficient unused quota for nvidia.com/gpu in flavor a100, 4 more needed" in e.message
+
+
+# -- reclaim candidates are re-checked as victims are removed (candidateIsValid) --------------
+
+
+def test_reclaim_skips_a_queue_that_is_back_within_nominal() -> None:
+    # nominal A=4, B=4, C=0; B runs 1 + 4 GPUs, C borrows 3; A asks for 4.
+    queues = [
+        cq("a", {"gpu": 4}, cohort="team", preemption=Preemption(reclaim_within_cohort=api.ANY)),
+        cq("b", {"gpu": 4}, cohort="team"),
+        cq("c", {"gpu": 0}, cohort="team"),
+    ]
+    cache = make_cache(
+        queues,
+        [
+            admitted("c-3", "c", "gpu", 3, at=NOW - 30),
+            admitted("b-4", "b", "gpu", 4, at=NOW - 20),
+            admitted("b-1", "b", "gpu", 1, at=NOW - 10),  # the newest: tried first
+        ],
+    )
+    e = run(cache, pending("a-4", "a", 4))["a-4"]
+    assert e.preempt
+    assert victims(e) == {"b-1", "c-3"}  # not b-4: once b-1 is gone, b is within nominal
+    assert {t.reason for t in e.targets} == {api.IN_COHORT_RECLAMATION}
+
+
+# -- a Workload that will preempt reserves its capacity (quotaResourcesToReserve) ------------
+
+
+def test_preemptor_without_candidates_reserves_its_nominal_quota_in_the_cycle() -> None:
+    queues = [
+        cq(
+            "a",
+            {"gpu": 4},
+            cohort="team",
+            preemption=Preemption(reclaim_within_cohort="LowerPriority"),
+        ),
+        cq("b", {"gpu": 4}, cohort="team"),
+        cq("c", {"gpu": 0}, cohort="team"),
+    ]
+    # b borrows 2 GPUs of a's quota with Workloads a cannot preempt (higher priority)
+    cache = make_cache(queues, [admitted("b-6", "b", "gpu", 6, priority=100)])
+    entries = run(cache, pending("a-4", "a", 4, priority=10), pending("c-2", "c", 2))
+    a, c = entries["a-4"], entries["c-2"]
+    assert a.assignment is not None and a.assignment.mode() == Mode.PREEMPT and not a.targets
+    assert c.admission is None and c.status is Status.SKIPPED
+    assert c.message == "Workload no longer fits after processing another workload"
+
+
+def test_reclaim_any_does_not_reserve() -> None:
+    queues = [
+        cq("a", {"gpu": 4}, cohort="team", preemption=Preemption(reclaim_within_cohort=api.ANY)),
+        cq("b", {"gpu": 4}, cohort="team", preemption=Preemption(within_cluster_queue=api.NEVER)),
+        cq("c", {"gpu": 0}, cohort="team"),
+    ]
+    # b borrows with a Workload a may reclaim; c's head also borrows, and fits now
+    cache = make_cache(queues, [admitted("b-6", "b", "gpu", 6, priority=100)])
+    entries = run(cache, pending("c-2", "c", 2))
+    assert entries["c-2"].admission is not None
+
+
+# -- borrowWithinCohort ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", [api.NEVER, api.LOWER_PRIORITY])
+def test_borrow_within_cohort_lets_a_preemptor_reclaim_while_borrowing(policy: str) -> None:
+    a = cq(
+        "a",
+        {"gpu": 4},
+        cohort="team",
+        preemption=Preemption(
+            reclaim_within_cohort=api.LOWER_PRIORITY, borrow_within_cohort=policy
+        ),
+    )
+    cache = make_cache([a, cq("b", {"gpu": 4}, cohort="team")], [admitted("b-8", "b", "gpu", 8)])
+    e = run(cache, pending("a-6", "a", 6, priority=10))["a-6"]
+    if policy == api.NEVER:
+        assert e.assignment is not None and e.assignment.mode() == Mode.NO_FIT
+        assert not e.targets
+    else:
+        assert victims(e) == {"b-8"}
+        assert e.targets[0].reason == api.IN_COHORT_RECLAIM_WHILE_BORROWING
+
+
+def test_max_priority_threshold_protects_candidates_above_it() -> None:
+    a = cq(
+        "a",
+        {"gpu": 4},
+        cohort="team",
+        preemption=Preemption(
+            reclaim_within_cohort=api.LOWER_PRIORITY,
+            borrow_within_cohort=api.LOWER_PRIORITY,
+            max_priority_threshold=5,
+        ),
+    )
+    cache = make_cache(
+        [a, cq("b", {"gpu": 4}, cohort="team")], [admitted("b-8", "b", "gpu", 8, priority=7)]
+    )
+    e = run(cache, pending("a-6", "a", 6, priority=10))["a-6"]
+    assert not e.targets
+
+
+# -- the cycle: admissions see each other, StrictFIFO, iterator order ----------------------
+
+
+def test_admissions_in_one_cycle_never_exceed_quota() -> None:
+    queues = [cq("a", {"gpu": 4}, cohort="t"), cq("b", {"gpu": 0}, cohort="t")]
+    entries = run(make_cache(queues), pending("a-3", "a", 3), pending("b-3", "b", 3))
+    assert entries["a-3"].admission is not None  # not borrowing: goes first
+    assert entries["b-3"].admission is None
+    assert entries["b-3"].message == "Workload no longer fits after processing another workload"
+
+
+def test_admission_records_flavors_and_usage() -> None:
+    entries = run(make_cache([cq("a", {"a100": 4})]), pending("w", "a", 2))
+    assert entries["w"].admission == {
+        "clusterQueue": "a",
         "podSetAssignments": [
-            {
-                "name": "main",
-                "flavors": {"cpu": "default-flavor"},
-                "resourceUsage": {"cpu": "3"},
-                "count": 1,
-            }
+            {"name": "main", "flavors": {GPU: "a100"}, "resourceUsage": {GPU: "2"}, "count": 1}
         ],
     }
 
 
-def test_request_over_maximum_capacity_is_exceeds_max_quota() -> None:
-    c = make_cache([cq("cq", [("default-flavor", {"cpu": 9})])], flavors("default-flavor"))
-    [d] = schedule([wl("big", "500m", count=20)], c, ALL_NS)
-    assert d.outcome is Outcome.PENDING
-    assert d.reason == api.REASON_EXCEEDS_MAX_QUOTA
-    assert "current podset request (10) > maximum capacity (9)" in d.message
+def test_exceeding_the_maximum_capacity_is_no_fit_with_upstream_message() -> None:
+    e = run(make_cache([cq("a", {"a100": 4})]), pending("w", "a", 5))["w"]
+    assert e.assignment is not None and e.assignment.mode() == Mode.NO_FIT
+    assert e.reason == api.REASON_EXCEEDS_MAX_QUOTA
+    assert e.message == (
+        "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu in "
+        "flavor a100, previously considered podsets requests (0) + current podset request (5) "
+        "> maximum capacity (4)"
+    )
 
 
-def test_flavors_are_tried_in_order() -> None:
-    queue = cq("cq", [("on-demand", {"cpu": 2}), ("spot", {"cpu": 10})])
-    c = make_cache([queue], flavors("on-demand", "spot"))
-    assert assign_flavors(wl("a", "2"), queue, c).flavors == {"main": {"cpu": "on-demand"}}
-    assert assign_flavors(wl("b", "3"), queue, c).flavors == {"main": {"cpu": "spot"}}
-    # Once on-demand is used up, the next Workload goes to spot.
-    decisions = schedule([wl("a", "2"), wl("b", "2", created="2026-01-01T00:00:01Z")], c, ALL_NS)
-    assert [d.admission["podSetAssignments"][0]["flavors"]["cpu"] for d in decisions] == [
-        "on-demand",
-        "spot",
+def test_try_next_flavor_when_borrowing() -> None:
+    queue = cq(
+        "a",
+        {"spot": 2, "on-demand": 4},
+        cohort="t",
+        fungibility=FlavorFungibility(when_can_borrow=api.TRY_NEXT_FLAVOR),
+    )
+    lender = cq("b", {"spot": 4, "on-demand": 0}, cohort="t")
+    e = run(make_cache([queue, lender]), pending("w", "a", 3))["w"]
+    assert e.assignment is not None
+    assert e.assignment.pod_sets[0].flavors[GPU].name == "on-demand"  # fits without borrowing
+
+
+def test_may_stop_search_borrows_in_the_first_flavor() -> None:
+    queue = cq("a", {"spot": 2, "on-demand": 4}, cohort="t")
+    lender = cq("b", {"spot": 4, "on-demand": 0}, cohort="t")
+    e = run(make_cache([queue, lender]), pending("w", "a", 3))["w"]
+    assert e.assignment is not None and e.assignment.pod_sets[0].flavors[GPU].name == "spot"
+    assert e.assignment.borrowing == 1
+
+
+def test_inactive_and_mismatched_queues_are_inadmissible() -> None:
+    queue = cq("a", {"missing": 4})
+    cache = Cache()
+    cache.add_or_update_cluster_queue(queue)
+    e = run(cache, pending("w", "a", 1))["w"]
+    assert (e.reason, e.message) == (api.REASON_SUSPENDED, "ClusterQueue a is inactive")
+
+
+# -- hierarchical cohorts with quota at the cohort level -----------------------------------
+
+
+def test_cohort_quota_is_borrowable_by_its_queues() -> None:
+    org = Cohort(
+        "org",
+        resource_groups=(ResourceGroup((GPU,), ("gpu",)),),
+        quotas={FlavorResource("gpu", GPU): Quota(8)},
+    )
+    team = Cohort("team", parent="org")
+    cache = make_cache([cq("a", {"gpu": 2}, cohort="team")], cohorts=[org, team])
+    node = cache.snapshot().cluster_queues["a"]
+    assert node.available(FlavorResource("gpu", GPU)) == 10
+    entries = run(cache, pending("w", "a", 10))
+    assert entries["w"].admission is not None
+    assert entries["w"].assignment is not None and entries["w"].assignment.borrowing == 2
+
+
+def test_lending_limit_keeps_quota_local() -> None:
+    queues = [cq("a", {"gpu": (4, None, 1)}, cohort="t"), cq("b", {"gpu": 0}, cohort="t")]
+    cache = make_cache(queues)
+    assert cache.snapshot().cluster_queues["b"].available(FlavorResource("gpu", GPU)) == 1
+
+
+# -- fair sharing ------------------------------------------------------------------------------
+
+
+def test_fair_sharing_admits_the_queue_with_the_lower_share_first() -> None:
+    queues = [
+        cq("a", {"gpu": 2}, cohort="t"),
+        cq("b", {"gpu": 2}, cohort="t"),
+        cq("pool", {"gpu": 4}, cohort="t"),
     ]
+    # a already borrows 2; both heads need to borrow 2, only one can
+    cache = make_cache(queues, [admitted("a-4", "a", "gpu", 4)])
+    entries = run(cache, pending("a-2", "a", 2, at=1), pending("b-4", "b", 4, at=2), fair=True)
+    assert entries["b-4"].admission is not None
+    assert entries["a-2"].admission is None
 
 
-def test_untolerated_taint_and_node_selector_skip_a_flavor() -> None:
-    queue = cq("cq", [("spot", {"cpu": 10}), ("on-demand", {"cpu": 10})])
-    spot = {
-        "nodeLabels": {"instance-type": "spot"},
-        "nodeTaints": [{"key": "spot", "value": "true", "effect": "NoSchedule"}],
-    }
-    c = make_cache([queue], flavors("on-demand", spot=spot))
-    a = assign_flavors(wl("a", "1"), queue, c)
-    assert a.flavors == {"main": {"cpu": "on-demand"}}
-    # The flavor's own tolerations make the taint acceptable.
-    tolerant = {
-        **spot,
-        "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
-    }
-    c2 = make_cache([queue], flavors("on-demand", spot=tolerant))
-    assert assign_flavors(wl("a", "1"), queue, c2).flavors == {"main": {"cpu": "spot"}}
-    # A pod asking for another instance type cannot use spot.
-    b = assign_flavors(wl("b", "1", selector={"instance-type": "on-demand"}), queue, c2)
-    assert b.flavors == {"main": {"cpu": "on-demand"}}
-
-
-def test_no_matching_flavor_reason() -> None:
-    queue = cq("cq", [("spot", {"cpu": 10})])
-    c = make_cache([queue], flavors(spot={"nodeLabels": {"instance-type": "spot"}}))
-    a = assign_flavors(wl("a", "1", selector={"instance-type": "gpu"}), queue, c)
-    assert a.mode == Mode.NO_FIT
-    assert a.reason == api.REASON_NO_MATCHING_FLAVOR
-    assert "flavor spot doesn't match node affinity" in a.message
-
-
-def test_borrowing_from_cohort() -> None:
-    a = cq("a", [("f", {"cpu": 4})], cohortName="team")
-    b = cq("b", [("f", {"cpu": 6})], cohortName="team")
-    c = make_cache([a, b], flavors("f"))
-    assert c.available(a, CPU("f")) == 10
-    [d] = schedule([wl("x", "8", queue="a")], c, ALL_NS)
-    assert d.outcome is Outcome.ADMIT
-    assert c.available(b, CPU("f")) == 2  # B's unused quota was lent to A
-    usage = c.flavors_usage(a)
-    assert usage == [{"name": "f", "resources": [{"name": "cpu", "total": "8", "borrowed": "4"}]}]
-
-
-def test_borrowing_limit_caps_borrowing() -> None:
-    a = cq("a", [("f", {"cpu": {"nominalQuota": 4, "borrowingLimit": 2}})], cohortName="team")
-    b = cq("b", [("f", {"cpu": 6})], cohortName="team")
-    c = make_cache([a, b], flavors("f"))
-    assert c.potential_available(a, CPU("f")) == 6
-    [d] = schedule([wl("x", "7", queue="a")], c, ALL_NS)
-    assert d.outcome is Outcome.PENDING and d.reason == api.REASON_EXCEEDS_MAX_QUOTA
-    [d] = schedule([wl("y", "6", queue="a")], c, ALL_NS)
-    assert d.outcome is Outcome.ADMIT
-
-
-def test_lending_limit_keeps_quota_for_the_lender() -> None:
-    a = cq("a", [("f", {"cpu": 4})], cohortName="team")
-    b = cq("b", [("f", {"cpu": {"nominalQuota": 6, "lendingLimit": 2}})], cohortName="team")
-    c = make_cache([a, b], flavors("f"))
-    assert c.potential_available(a, CPU("f")) == 6
-    assert c.potential_available(b, CPU("f")) == 10
-    [d] = schedule([wl("x", "7", queue="a")], c, ALL_NS)
-    assert d.outcome is Outcome.PENDING
-    [d] = schedule([wl("y", "6", queue="a")], c, ALL_NS)
-    assert d.outcome is Outcome.ADMIT
-    # B still has the 4 it does not lend.
-    assert c.available(b, CPU("f")) == 4
-
-
-def test_other_members_usage_reduces_what_can_be_borrowed() -> None:
-    a = cq("a", [("f", {"cpu": 4})], cohortName="team")
-    b = cq("b", [("f", {"cpu": 6})], cohortName="team")
-    c = make_cache([a, b], flavors("f"), [wl("busy", "5", queue="b", admitted_flavor="f")])
-    assert c.available(a, CPU("f")) == 5
-    [d] = schedule([wl("x", "6", queue="a")], c, ALL_NS)
-    assert d.outcome is Outcome.PENDING and d.reason == api.REASON_WAITING_FOR_QUOTA
-
-
-def test_no_cohort_means_no_borrowing() -> None:
-    a = cq("a", [("f", {"cpu": 4})])
-    b = cq("b", [("f", {"cpu": 6})])
-    c = make_cache([a, b], flavors("f"))
-    [d] = schedule([wl("x", "5", queue="a")], c, ALL_NS)
-    assert d.reason == api.REASON_EXCEEDS_MAX_QUOTA
-
-
-@pytest.mark.parametrize(
-    ("strategy", "small_admitted"), [("StrictFIFO", False), ("BestEffortFIFO", True)]
-)
-def test_head_of_line_blocking(strategy: str, small_admitted: bool) -> None:
-    queue = cq("cq", [("f", {"cpu": 4})], queueingStrategy=strategy)
-    c = make_cache([queue], flavors("f"), [wl("running", "2", admitted_flavor="f")])
-    old_big = wl("old-big", "3", created="2026-01-01T00:00:01Z")
-    new_small = wl("new-small", "1", created="2026-01-01T00:00:02Z")
-    decisions = {d.workload.name: d for d in schedule([new_small, old_big], c, ALL_NS)}
-    assert decisions["old-big"].outcome is Outcome.PENDING
-    assert ("new-small" in decisions and decisions["new-small"].outcome is Outcome.ADMIT) is (
-        small_admitted
-    )
-    assert c.used("cq", CPU("f")) == (3 if small_admitted else 2)
-
-
-def test_priority_orders_the_queue() -> None:
-    queue = cq("cq", [("f", {"cpu": 2})], queueingStrategy="StrictFIFO")
-    c = make_cache([queue], flavors("f"))
-    low = wl("low", "2", created="2026-01-01T00:00:01Z")
-    high = wl("high", "2", priority=100, created="2026-01-01T00:00:09Z")
-    decisions = schedule([low, high], c, ALL_NS)
-    assert decisions[0].workload.name == "high" and decisions[0].outcome is Outcome.ADMIT
-
-
-def test_preemption_within_cluster_queue_picks_lowest_priority_most_recent() -> None:
-    queue = cq("cq", [("f", {"cpu": 4})], preemption={"withinClusterQueue": "LowerPriority"})
-    running = [
-        wl("old-low", "2", admitted_flavor="f", reserved_at="2026-01-01T00:00:01Z"),
-        wl("new-low", "2", admitted_flavor="f", reserved_at="2026-01-01T00:00:05Z"),
-    ]
-    c = make_cache([queue], flavors("f"), running)
-    [d] = schedule([wl("high", "2", priority=10)], c, ALL_NS)
-    assert d.outcome is Outcome.PREEMPT
-    assert [t.workload.name for t in d.targets] == ["new-low"]
-    assert d.targets[0].reason == api.IN_CLUSTER_QUEUE
-    assert d.message.endswith("Pending the preemption of 1 workload(s)")
-    # Quota is not taken until the preempted Workload releases it.
-    assert c.used("cq", CPU("f")) == 4
-
-
-def test_preemption_prefers_lower_priority_over_recency_and_takes_minimal_set() -> None:
-    queue = cq("cq", [("f", {"cpu": 6})], preemption={"withinClusterQueue": "LowerPriority"})
-    running = [
-        wl("p1", "2", priority=1, admitted_flavor="f", reserved_at="2026-01-01T00:00:09Z"),
-        wl("p0-big", "4", priority=0, admitted_flavor="f", reserved_at="2026-01-01T00:00:01Z"),
-    ]
-    c = make_cache([queue], flavors("f"), running)
-    [d] = schedule([wl("high", "3", priority=10)], c, ALL_NS)
-    assert [t.workload.name for t in d.targets] == ["p0-big"]
-
-
-def test_no_preemption_of_equal_or_higher_priority_or_when_never() -> None:
-    running = [wl("same", "4", priority=10, admitted_flavor="f")]
-    for spec in ({"preemption": {"withinClusterQueue": "LowerPriority"}}, {}):
-        queue = cq("cq", [("f", {"cpu": 4})], **spec)
-        c = make_cache([queue], flavors("f"), running)
-        [d] = schedule([wl("high", "2", priority=10)], c, ALL_NS)
-        assert d.outcome is Outcome.PENDING and d.reason == api.REASON_WAITING_FOR_QUOTA
-        assert not d.targets
-
-
-def test_reclaim_within_cohort_evicts_the_borrower() -> None:
-    a = cq("a", [("f", {"cpu": 4})], cohortName="team")
-    b = cq("b", [("f", {"cpu": 4})], cohortName="team", preemption={"reclaimWithinCohort": "Any"})
-    running = [wl("borrower", "6", queue="a", admitted_flavor="f", priority=100)]
-    c = make_cache([a, b], flavors("f"), running)
-    wants = wl("mine", "4", queue="b")
-    assignment = assign_flavors(wants, b, c)
-    assert assignment.mode == Mode.PREEMPT
-    targets = find_preemption_targets(wants, assignment, b, c)
-    assert [(t.workload.name, t.reason) for t in targets] == [
-        ("borrower", api.IN_COHORT_RECLAMATION)
-    ]
-
-
-def test_inactive_cluster_queue_and_namespace_selector() -> None:
-    queue = cq("cq", [("missing-flavor", {"cpu": 4})])
-    c = make_cache([queue], [])
-    assert c.active_condition(queue) == (
-        False,
-        "FlavorNotFound",
-        "Can't admit new workloads: references missing ResourceFlavor(s): missing-flavor.",
-    )
-    [d] = schedule([wl("a", "1")], c, ALL_NS)
-    assert (d.reason, d.message) == ("Suspended", "ClusterQueue cq is inactive")
-
-    nothing = model.cluster_queue_from_obj(
-        {
-            "metadata": {"name": "cq"},
-            "spec": {
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu"],
-                        "flavors": [
-                            {"name": "f", "resources": [{"name": "cpu", "nominalQuota": 4}]}
-                        ],
-                    }
-                ]
-            },
-        }
-    )
-    c2 = make_cache([nothing], flavors("f"))
-    [d] = schedule([wl("a", "1")], c2, ALL_NS)
-    assert (d.reason, d.message) == (
-        api.REASON_MISCONFIGURED,
-        "workload namespace doesn't match ClusterQueue selector",
-    )
-    team = cq("cq", [("f", {"cpu": 4})], namespaceSelector={"matchLabels": {"team": "ml"}})
-    c3 = make_cache([team], flavors("f"))
-    assert schedule([wl("a", "1")], c3, {"default": {"team": "ml"}})[0].outcome is Outcome.ADMIT
-
-
-def test_unknown_cluster_queue_and_uncovered_resource() -> None:
-    queue = cq("cq", [("f", {"cpu": 4})])
-    c = make_cache([queue], flavors("f"))
-    [d] = schedule([wl("a", "1", queue="nope")], c, ALL_NS)
-    assert (d.reason, d.message) == (api.REASON_MISCONFIGURED, "ClusterQueue nope not found")
-    gpu = model.workload_from_obj(
-        {
-            "metadata": {"name": "g", "namespace": "default"},
-            "spec": {
-                "podSets": [
-                    {
-                        "name": "main",
-                        "count": 1,
-                        "template": {
-                            "spec": {
-                                "containers": [
-                                    {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}
-                                ]
-                            }
-                        },
-                    }
-                ]
-            },
-        },
-        cluster_queue="cq",
-    )
-    a = assign_flavors(gpu, queue, c)
-    assert a.mode == Mode.NO_FIT
-    assert "resource nvidia.com/gpu unavailable in ClusterQueue" in a.message
-
-
-def test_cache_rebuild_and_release() -> None:
-    queue = cq("cq", [("f", {"cpu": 4})])
-    running = [wl("a", "1500m", admitted_flavor="f"), wl("b", "1", admitted_flavor="f", count=2)]
-    c = make_cache([queue], flavors("f"), running)
-    assert c.used("cq", CPU("f")) == Decimal("3.5")
-    assert c.flavors_usage(queue)[0]["resources"][0]["total"] == "3500m"
-    c.remove_workload("default/b")
-    assert c.used("cq", CPU("f")) == Decimal("1.5")
-    assert c.remove_workload("default/b") is None
-
-
-@pytest.mark.parametrize(
-    ("text", "formatted"),
-    [
-        ("3", "3"),
-        ("500m", "500m"),
-        ("1800Mi", "1800Mi"),
-        ("36Gi", "36Gi"),
-        ("1.5", "1500m"),
-        ("0", "0"),
-        ("1000", "1000"),
-    ],
-)
-def test_quantities_round_trip(text: str, formatted: str) -> None:
-    assert api.format_quantity(api.quantity(text)) == formatted
-    assert api.quantity(api.format_quantity(api.quantity(text))) == api.quantity(text)
+def test_fair_sharing_preemption_takes_from_the_highest_share() -> None:
+    fair = Preemption(reclaim_within_cohort=api.ANY)
+    queues = [cq("a", {"gpu": 4}, cohort="t", preemption=fair), cq("b", {"gpu": 4}, cohort="t")]
+    running = [admitted(f"b-{i}", "b", "gpu", 2, at=NOW - i) for i in range(4)]
+    cache = make_cache(queues, running)
+    share = dominant_resource_share(cache.snapshot().cluster_queues["b"])
+    assert share.borrowing and share.rounded() == 500  # b borrows 4 of the 8 lendable
+    e = run(cache, pending("a-4", "a", 4), fair=True)["a-4"]
+    assert len(e.targets) == 2  # 4 GPUs back, no more
+    assert {t.reason for t in e.targets} == {api.IN_COHORT_RECLAMATION}

@@ -1,15 +1,18 @@
-"""Workload construction from a Job, conditions, and the Job reconcile decisions."""
+"""Workloads built from jobs and pods, their conditions, requests as upstream counts them
+(transformations, sidecars), and what admission injects into a job."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
+from decimal import Decimal
 from typing import Any
 
-from gpulab.kueue import api, model
+import pytest
+
+from gpulab.kueue import api, jobs, model
 from gpulab.kueue import workload as wlutil
-from gpulab.kueue.controllers.job_controller import JobStep, job_step
-from gpulab.kueue.webhook import job_needs_suspend
+from gpulab.kueue.config import ConfigError, duration, parse
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:01:00Z"
@@ -43,8 +46,23 @@ def job(**spec: Any) -> dict[str, Any]:
     }
 
 
-def test_workload_for_job() -> None:
-    wl = wlutil.workload_for_job(job(), priority=7, priority_class="high")
+def job_workload(
+    j: dict[str, Any], priority: int = 0, ref: dict[str, str] | None = None
+) -> dict[str, Any]:
+    meta = j["metadata"]
+    return jobs.new_workload(
+        jobs.Ref(jobs.JOB, meta["namespace"], meta["name"]),
+        [j],
+        jobs.queue_name(j),
+        jobs.job_pod_sets(j),
+        priority,
+        ref,
+    )
+
+
+def test_workload_for_job_is_named_and_owned_as_upstream() -> None:
+    ref = {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "high"}
+    wl = job_workload(job(), priority=7, ref=ref)
     digest = hashlib.sha1(b"Job\nbatch\nsample-job-abcde\nuid-1").hexdigest()[:5]
     assert wl["metadata"]["name"] == f"job-sample-job-abcde-{digest}"
     assert wl["metadata"]["labels"] == {api.JOB_UID_LABEL: "uid-1"}
@@ -58,63 +76,108 @@ def test_workload_for_job() -> None:
         "blockOwnerDeletion": True,
     }
     assert wl["spec"]["queueName"] == "user-queue"
-    assert wl["spec"]["priority"] == 7
-    assert wl["spec"]["priorityClassRef"]["name"] == "high"
+    assert (wl["spec"]["priority"], wl["spec"]["priorityClassRef"]) == (7, ref)
     [ps] = wl["spec"]["podSets"]
     assert (ps["name"], ps["count"]) == ("main", 3)
     assert ps["template"]["metadata"]["labels"] == {"app": "x"}
-    info = model.workload_from_obj(wl)
-    assert info.pod_sets[0].requests == {"cpu": 3, "memory": 3 * 200 * 1024**2}
+    info = model.workload_from_obj({**wl, "metadata": {**wl["metadata"], "namespace": "default"}})
+    assert info.total_requests[0].requests == {"cpu": 3000, "memory": 3 * 200 * 1024**2}
+
+
+def test_pod_workload_names_use_the_core_group() -> None:
+    digest = hashlib.sha1(b"Pod\n\nweb-0\nu").hexdigest()[:5]
+    assert wlutil.workload_name("web-0", "u", "Pod", "") == f"pod-web-0-{digest}"
+    long = wlutil.workload_name("x" * 300, "uid", "Job", "batch")
+    assert len(long) == 253 and long.startswith("job-xxx")
 
 
 def test_pods_count_is_parallelism_capped_by_completions() -> None:
-    assert wlutil.pods_count(job(parallelism=4, completions=2)) == 2
-    assert wlutil.pods_count(job(parallelism=2, completions=10)) == 2
+    assert jobs.pods_count(job(parallelism=4, completions=2)) == 2
+    assert jobs.pods_count(job(parallelism=2, completions=10)) == 2
     j = job()
     del j["spec"]["parallelism"]
-    assert wlutil.pods_count(j) == 1
+    assert jobs.pods_count(j) == 1
 
 
-def test_long_job_names_are_truncated_to_a_valid_name() -> None:
-    name = wlutil.workload_name_for_job("x" * 300, "uid")
-    assert len(name) == 253 and name.startswith("job-xxx")
+def test_pod_requests_count_sidecars_and_init_containers_as_kubelet_does() -> None:
+    spec = {
+        "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+        "initContainers": [
+            {"restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}},
+            {"resources": {"requests": {"cpu": "2"}}},
+        ],
+        "overhead": {"cpu": "100m"},
+    }
+    assert model.pod_requests(spec) == {"cpu": Decimal("2.6")}
 
 
-def admitted(wl: dict[str, Any], flavor: str = "spot") -> dict[str, Any]:
-    wl = copy.deepcopy(wl)
-    wlutil.set_quota_reservation(
-        wl,
+def test_transformations_add_credits_and_replace_drops_the_input() -> None:
+    config = parse(
         {
-            "clusterQueue": "cq",
-            "podSetAssignments": [
-                {
-                    "name": "main",
-                    "flavors": {"cpu": flavor, "memory": flavor},
-                    "resourceUsage": {"cpu": "3"},
-                    "count": 3,
-                }
-            ],
-        },
-        NOW,
+            "resources": {
+                "excludeResourcePrefixes": ["example.com/"],
+                "transformations": [
+                    {"input": "cpu", "outputs": {"cpu_credits": 1}},
+                    {
+                        "input": "nvidia.com/mig-1g.5gb",
+                        "strategy": "Replace",
+                        "outputs": {"mig": 1},
+                    },
+                ],
+            }
+        }
     )
+    effective = config.resources.effective(
+        {"cpu": Decimal(3), "nvidia.com/mig-1g.5gb": Decimal(2), "example.com/x": Decimal(1)}
+    )
+    assert effective == {"cpu": 3, "cpu_credits": 3, "mig": 2}
+
+
+def reserve(wl: dict[str, Any], checks_ok: bool = True) -> dict[str, Any]:
+    wl = copy.deepcopy(wl)
+    admission = {
+        "clusterQueue": "cq",
+        "podSetAssignments": [
+            {"name": "main", "flavors": {"cpu": "spot"}, "resourceUsage": {"cpu": "3"}, "count": 3}
+        ],
+    }
+    wlutil.set_quota_reservation(wl, admission, NOW, checks_ok, granular=True)
     return wl
 
 
-def test_quota_reservation_conditions() -> None:
-    wl = admitted(wlutil.workload_for_job(job()))
+def test_quota_reservation_and_release_conditions() -> None:
+    wl = reserve(job_workload(job()))
     assert wlutil.has_quota_reservation(wl) and wlutil.is_admitted(wl)
     qr = model.condition(wl, api.QUOTA_RESERVED)
-    assert qr["reason"] == "QuotaReserved" and qr["message"] == "Quota reserved in ClusterQueue cq"
+    assert qr["message"] == "Quota reserved in ClusterQueue cq"
     wlutil.set_evicted(wl, api.EVICTED_BY_PREEMPTION, "Preempted to accommodate ...", LATER)
-    assert wlutil.is_evicted(wl)
-    assert wlutil.unset_quota_reservation(wl, api.REASON_PENDING_EVALUATION, "evicted", LATER)
+    assert wlutil.unset_quota_reservation(wl, api.REASON_PENDING_EVALUATION, "evicted", LATER, True)
     assert wl["status"]["admission"] is None
     assert not wlutil.is_admitted(wl) and not wlutil.has_quota_reservation(wl)
     assert model.condition(wl, api.ADMITTED)["reason"] == "NoReservation"
-    # Admitting again resets Evicted, as upstream SetQuotaReservation does.
-    wl = admitted(wl)
+    assert wl["status"]["accumulatedPastExecutionTimeSeconds"] == 60
+    wl = reserve(wl)  # admitting again resets Evicted, as SetQuotaReservation does
     ev = model.condition(wl, api.EVICTED)
     assert ev["status"] == "False" and ev["message"].startswith("Previously: ")
+
+
+def test_admitted_waits_for_every_admission_check() -> None:
+    wl = reserve(job_workload(job()), checks_ok=False)
+    assert wlutil.has_quota_reservation(wl) and not wlutil.is_admitted(wl)
+    assert wlutil.sync_admission_check_states(wl, ["gpus-healthy"], NOW)
+    assert wlutil.sync_admitted_condition(wl, NOW, granular=True)
+    assert model.condition(wl, api.ADMITTED)["reason"] == "UnsatisfiedAdmissionChecks"
+    wl["status"]["admissionChecks"][0]["state"] = api.CHECK_READY
+    assert wlutil.sync_admitted_condition(wl, LATER, granular=True)
+    assert wlutil.is_admitted(wl)
+    assert not wlutil.sync_admission_check_states(wl, ["gpus-healthy"], LATER)
+
+
+def test_without_the_observability_gate_the_reason_is_the_legacy_one() -> None:
+    wl = job_workload(job())
+    assert not wlutil.sync_admitted_condition(wl, NOW, granular=False)  # nothing to say yet
+    wlutil.unset_quota_reservation(wl, api.PENDING, "waiting", NOW, granular=False)
+    assert model.condition(wl, api.ADMITTED) is None
 
 
 def test_set_condition_keeps_transition_time_and_reports_change() -> None:
@@ -128,65 +191,116 @@ def test_set_condition_keeps_transition_time_and_reports_change() -> None:
     assert obj["status"]["conditions"][0]["observedGeneration"] == 2
 
 
-def test_job_steps() -> None:
-    j = job()
-    wl = wlutil.workload_for_job(j)
-    unlabelled = copy.deepcopy(j)
-    unlabelled["metadata"]["labels"] = {}
-    assert job_step(unlabelled, None) is JobStep.IGNORE
-    assert job_step(j, None) is JobStep.CREATE_WORKLOAD
-    assert job_step(j, wl) is JobStep.NOTHING  # suspended, waiting for quota
-    assert job_step(j, admitted(wl)) is JobStep.UNSUSPEND
-    running = {**j, "spec": {**j["spec"], "suspend": False}}
-    assert job_step(running, wl) is JobStep.SUSPEND_NOT_ADMITTED
-    assert job_step(running, admitted(wl)) is JobStep.NOTHING
-    evicted = admitted(wl)
-    wlutil.set_evicted(evicted, "Preempted", "m", NOW)
-    assert job_step(running, evicted) is JobStep.STOP_EVICTED
-    done = {**running, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-    assert job_step(done, admitted(wl)) is JobStep.FINISH_WORKLOAD
-    finished = admitted(wl)
-    wlutil.set_condition(finished, api.FINISHED, "True", "Succeeded", "", NOW)
-    assert job_step(done, finished) is JobStep.NOTHING
-    failed = {
-        **running,
-        "status": {
-            "conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]
-        },
-    }
-    assert wlutil.job_finished(failed) == (True, False, "BackoffLimitExceeded")
+def test_requeue_state_backs_off_exponentially() -> None:
+    wl: dict[str, Any] = {"status": {}}
+    wlutil.update_requeue_state(wl, 60, 3600, 0.0)
+    assert wl["status"]["requeueState"] == {"count": 1, "requeueAt": "1970-01-01T00:01:00Z"}
+    wlutil.update_requeue_state(wl, 60, 3600, 0.0)
+    assert wl["status"]["requeueState"]["requeueAt"] == "1970-01-01T00:02:00Z"
 
 
 def test_admission_injects_flavor_labels_and_restore_undoes_it() -> None:
     j = job()
-    wl = admitted(wlutil.workload_for_job(j))
+    wl = reserve(job_workload(j))
     spot = model.Flavor(
         "spot",
         node_labels={"instance-type": "spot"},
         tolerations=({"key": "spot", "operator": "Exists", "effect": "NoSchedule"},),
     )
-    patch = wlutil.admitted_template_patch(j, wl, {"spot": spot})
+    patch = jobs.job_start_patch(j, wl, {"spot": spot})
     spec = patch["spec"]["template"]["spec"]
+    assert patch["spec"]["suspend"] is False
     assert spec["nodeSelector"] == {"zone": "a", "instance-type": "spot"}
     assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
-    restore = wlutil.restore_template_patch(wl)["spec"]["template"]["spec"]
+    restore = jobs.job_restore_patch(wl)["spec"]["template"]["spec"]
     assert restore == {"nodeSelector": {"zone": "a"}, "tolerations": None}
 
 
-def test_webhook_suspend_decision() -> None:
-    j = job(suspend=False)
-    assert job_needs_suspend(j)
-    assert not job_needs_suspend(job(suspend=True))
-    j["metadata"]["labels"] = {}
-    assert not job_needs_suspend(j)
-    no_spec_suspend = job()
-    del no_spec_suspend["spec"]["suspend"]
-    assert job_needs_suspend(no_spec_suspend)
+def test_pod_ungate_removes_only_the_admission_gate() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "n"},
+        "spec": {"schedulingGates": [{"name": api.ADMISSION_GATE}, {"name": "other"}]},
+    }
+    wl = reserve(job_workload(job()))
+    out = jobs.pod_ungate(pod, wl, {"spot": model.Flavor("spot", node_labels={"a": "b"})})
+    assert out["spec"]["schedulingGates"] == [{"name": "other"}]
+    assert out["spec"]["nodeSelector"] == {"a": "b"}
+
+
+def test_pod_group_finishes_when_all_pods_ended_serving_when_all_are_gone() -> None:
+    def pod(phase: str, **ann: str) -> dict[str, Any]:
+        return {"metadata": {"annotations": ann}, "status": {"phase": phase}}
+
+    assert jobs.group_finished([pod("Succeeded"), pod("Running")], 2)[0] is False
+    assert jobs.group_finished([pod("Succeeded"), pod("Succeeded")], 2) == (
+        True,
+        True,
+        "Pods succeeded",
+    )
+    assert jobs.group_finished([pod("Succeeded"), pod("Failed")], 2)[:2] == (True, False)
+    serving = pod("Running", **{api.POD_GROUP_SERVING: "true"})
+    assert jobs.group_finished([serving], 1)[0] is False
+
+
+def test_priority_prefers_the_workload_priority_class_label() -> None:
+    j = job()
+    j["metadata"]["labels"][api.PRIORITY_CLASS_LABEL] = "batch"
+    spec = {"priorityClassName": "high"}
+    assert jobs.priority_of(j, spec, {"batch": 10}, {"high": 1000}) == (
+        10,
+        {"group": api.GROUP, "kind": "WorkloadPriorityClass", "name": "batch"},
+    )
+    del j["metadata"]["labels"][api.PRIORITY_CLASS_LABEL]
+    assert jobs.priority_of(j, spec, {}, {"high": 1000})[0] == 1000
 
 
 def test_preemption_message_matches_upstream() -> None:
     wl = {"metadata": {"uid": "w-uid", "labels": {api.JOB_UID_LABEL: "j-uid"}}}
-    assert wlutil.preemption_message(wl, api.IN_CLUSTER_QUEUE, "cq", "cq") == (
+    assert wlutil.preemption_message(wl, api.IN_CLUSTER_QUEUE, "/cq", "/cq") == (
         "Preempted to accommodate a workload (UID: w-uid, JobUID: j-uid) due to "
-        "prioritization in the ClusterQueue; preemptor path: cq; preemptee path: cq"
+        "prioritization in the ClusterQueue; preemptor path: /cq; preemptee path: /cq"
     )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"manageJobsWithoutQueueName": True}, "manageJobsWithoutQueueName: true is not supported"),
+        ({"multiKueue": {}}, "Configuration: multiKueue not supported by the lab's Kueue"),
+        ({"integrations": {"frameworks": ["ray.io/rayjob"]}}, "ray.io/rayjob not implemented"),
+        (
+            {"featureGates": {"TopologyAwareScheduling": True}},
+            "TopologyAwareScheduling is not implemented",
+        ),
+        (
+            {"waitForPodsReady": {"timeout": "soon"}},
+            "waitForPodsReady.timeout: 'soon' is not a duration",
+        ),
+    ],
+)
+def test_configuration_fields_the_lab_does_not_honour_are_rejected(
+    raw: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(raw)
+
+
+def test_configuration_as_upstream_ships_it_is_accepted() -> None:
+    config = parse(
+        {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "health": {"healthProbeBindAddress": ":8081"},
+            "metrics": {"bindAddress": ":8443", "enableClusterQueueResources": True},
+            "webhook": {"port": 9443},
+            "leaderElection": {"leaderElect": True},
+            "integrations": {"frameworks": ["batch/job", "pod"]},
+            "waitForPodsReady": {"timeout": "5m", "blockAdmission": True},
+            "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare"]},
+        }
+    )
+    assert config.wait_for_pods_ready and config.wait_for_pods_ready.timeout == 300
+    assert config.fair_sharing == ("LessThanOrEqualToFinalShare",)
+    assert config.cluster_queue_resource_metrics and config.frameworks == ("batch/job", "pod")
+    assert config.not_applicable == ("leaderElection", "health")
+    assert duration("1h30m", "x") == 5400

@@ -1,7 +1,5 @@
-"""Controllers of the Kueue counterpart, run by one manager loop on one thread.
-
-Mirrors pkg/controller/core (workload_controller.go, clusterqueue_controller.go,
-localqueue_controller.go) and pkg/controller/jobs/job (job_controller.go over
-jobframework/reconciler.go). The scheduler runs on the same thread, so quota decisions
-never race each other.
+"""Controllers of the Kueue counterpart (kubernetes-sigs/kueue v0.19.2
+pkg/controller/core, pkg/controller/jobframework, the scheduler's writes) and the
+manager that runs them: informers (gpulab.informer) update the cache and the queues and
+add keys; workers (gpulab.workqueue) reconcile; the scheduler runs its own loop.
 """

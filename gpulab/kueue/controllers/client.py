@@ -1,36 +1,25 @@
-"""The API calls the Kueue controllers make, on plain dicts.
+"""The API calls the Kueue controllers make (what kubernetes-sigs/kueue v0.19.2 does
+through controller-runtime's client), on plain dicts, through the official client's
+connection (gpulab.kube.api_client).
 
-Every resource (the kueue CRDs and batch/v1 Jobs) goes through CustomObjectsApi,
-which serves any ``/apis/<group>/<version>`` path and returns dicts, so one code path
-covers them all. Status is written with PUT on the status subresource carrying the
-resourceVersion read, so a stale write fails with 409 instead of overwriting.
+Status is written with PUT on the status subresource carrying the resourceVersion
+read, so a stale write fails with 409 instead of overwriting; spec and metadata with a
+JSON merge patch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpulab.informer import Resource
 from gpulab.kueue import api
 
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Resource:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
 
 
 def _kueue(spec: tuple[str, str, bool]) -> Resource:
@@ -42,14 +31,12 @@ RESOURCE_FLAVORS = _kueue(api.RESOURCE_FLAVOR)
 CLUSTER_QUEUES = _kueue(api.CLUSTER_QUEUE)
 LOCAL_QUEUES = _kueue(api.LOCAL_QUEUE)
 WORKLOADS = _kueue(api.WORKLOAD)
-JOBS = Resource("batch", "v1", "jobs", "Job", True)
-ALL = (RESOURCE_FLAVORS, CLUSTER_QUEUES, LOCAL_QUEUES, WORKLOADS, JOBS)
-
-
-def key_of(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    ns = meta.get("namespace")
-    return f"{ns}/{meta['name']}" if ns else meta["name"]
+COHORTS = _kueue(api.COHORT)
+ADMISSION_CHECKS = _kueue(api.ADMISSION_CHECK)
+WORKLOAD_PRIORITY_CLASSES = _kueue(api.WORKLOAD_PRIORITY_CLASS)
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
+STATEFULSETS = Resource("apps", "v1", "statefulsets", "StatefulSet")
 
 
 def is_conflict(exc: ApiException) -> bool:
@@ -63,77 +50,53 @@ def is_not_found(exc: ApiException) -> bool:
 class KubeClient:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
-        self._custom = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
 
-    def list(self, res: Resource) -> tuple[list[Obj], str]:
-        out = self._custom.list_cluster_custom_object(res.group, res.version, res.plural)
-        return list(out.get("items") or []), out["metadata"]["resourceVersion"]
+    def _path(self, res: Resource, obj: Mapping[str, Any], sub: str = "") -> str:
+        meta = obj["metadata"]
+        path = f"{res.path(meta.get('namespace'))}/{meta['name']}"
+        return f"{path}/{sub}" if sub else path
 
-    def watch(self, res: Resource, resource_version: str, timeout: int = 300) -> Iterator[Obj]:
-        """Watch events ({"type", "object"}) from ``resource_version``."""
-        w = watch.Watch()
-        yield from w.stream(
-            self._custom.list_cluster_custom_object,
-            res.group,
-            res.version,
-            res.plural,
-            resource_version=resource_version,
-            timeout_seconds=timeout,
-            allow_watch_bookmarks=True,
+    def _call(self, method: str, path: str, body: Any = None, patch: bool = False) -> Obj:
+        headers = {"Accept": "application/json"}
+        headers["Content-Type"] = "application/merge-patch+json" if patch else "application/json"
+        response = self.api_client.call_api(
+            path,
+            method,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=30,
+        )
+        return json.loads(response.data)
+
+    def get(self, res: Resource, namespace: str | None, name: str) -> Obj:
+        return self._call(
+            "GET", self._path(res, {"metadata": {"namespace": namespace, "name": name}})
         )
 
     def create(self, res: Resource, body: Obj) -> Obj:
-        ns = body["metadata"]["namespace"]
-        return self._custom.create_namespaced_custom_object(
-            res.group, res.version, ns, res.plural, body
-        )
+        return self._call("POST", res.path(body["metadata"].get("namespace")), body)
 
     def patch(self, res: Resource, obj: Mapping[str, Any], body: Obj) -> Obj:
         """JSON merge patch of the object (spec, metadata)."""
-        meta = obj["metadata"]
-        if res.namespaced:
-            return self._custom.patch_namespaced_custom_object(
-                res.group, res.version, meta["namespace"], res.plural, meta["name"], body
-            )
-        return self._custom.patch_cluster_custom_object(
-            res.group, res.version, res.plural, meta["name"], body
-        )
+        return self._call("PATCH", self._path(res, obj), body, patch=True)
 
     def patch_status(self, res: Resource, obj: Mapping[str, Any], body: Obj) -> Obj:
-        meta = obj["metadata"]
-        if res.namespaced:
-            return self._custom.patch_namespaced_custom_object_status(
-                res.group, res.version, meta["namespace"], res.plural, meta["name"], body
-            )
-        return self._custom.patch_cluster_custom_object_status(
-            res.group, res.version, res.plural, meta["name"], body
-        )
+        return self._call("PATCH", self._path(res, obj, "status"), body, patch=True)
 
     def replace_status(self, res: Resource, obj: Obj) -> Obj:
         """PUT the status subresource; fails with 409 if ``obj`` is stale."""
-        meta = obj["metadata"]
-        if res.namespaced:
-            return self._custom.replace_namespaced_custom_object_status(
-                res.group, res.version, meta["namespace"], res.plural, meta["name"], obj
-            )
-        return self._custom.replace_cluster_custom_object_status(
-            res.group, res.version, res.plural, meta["name"], obj
-        )
+        return self._call("PUT", self._path(res, obj, "status"), obj)
 
-    def namespace_labels(self) -> dict[str, dict[str, str]]:
-        return {
-            ns.metadata.name: dict(ns.metadata.labels or {})
-            for ns in self._core.list_namespace().items
-        }
+    def update(self, res: Resource, obj: Obj) -> Obj:
+        """PUT the object; fails with 409 if ``obj`` is stale."""
+        return self._call("PUT", self._path(res, obj), obj)
 
-    def priority_class_value(self, name: str) -> int | None:
+    def delete(self, res: Resource, obj: Mapping[str, Any]) -> None:
         try:
-            pc = self._custom.get_cluster_custom_object(
-                "scheduling.k8s.io", "v1", "priorityclasses", name
-            )
+            self._call("DELETE", self._path(res, obj))
         except ApiException as exc:
-            if is_not_found(exc):
-                return None
-            raise
-        return int(pc.get("value", 0))
+            if not is_not_found(exc):
+                raise

@@ -1,303 +1,473 @@
-"""The Kueue manager loop: informers feed one queue; one thread reconciles and schedules.
+"""The controller manager: informers feed the cache, the queues and the work queues; the
+reconcilers and the scheduler run on their own threads.
 
-Upstream runs controller-runtime reconcilers plus a scheduler goroutine that works on
-an in-memory snapshot and takes quota in the cache before it writes the Workload
-(pkg/scheduler/scheduler.go admit / assumeWorkload). Here everything runs on one
-thread in this order, every pass:
+Mirrors kubernetes-sigs/kueue v0.19.2 cmd/kueue/main.go and the event handlers of
+pkg/controller/core (workload_controller.go ``Create``/``Update``/``Delete``: a pending
+Workload goes to the queues, one holding quota to the cache, transitions between the
+two move it; clusterqueue_controller.go, cohort_controller.go,
+resourceflavor_controller.go, admissioncheck_controller.go, localqueue_controller.go:
+keep the cache and the queue manager in step and call ``NotifyRetryInadmissible``).
+Handlers only update in-memory state and add keys; API calls happen in the workers
+(gpulab.workqueue.run_worker), as client-go's informer contract asks.
 
-1. apply watch events to the store and the quota cache;
-2. reconcile the Workloads touched (cache usage, queue problems);
-3. reconcile the Jobs touched (create Workloads, finish, stop evicted Jobs);
-4. schedule the pending Workloads: admission is written to Workload status (PUT with
-   resourceVersion) before any Job is unsuspended, so a restart can neither admit twice
-   nor lose an admission: on start the cache is rebuilt from admitted Workloads before
-   the first scheduling pass;
-5. write ClusterQueue and LocalQueue status where it changed.
+Keys: ``Workload`` queue ``ns/name``; job queue a ``jobs.Ref`` (``batch/Job:ns/name``,
+``Pod:ns/name``, ``PodGroup:ns/group``); status queue ``ClusterQueue:name``,
+``LocalQueue:ns/name``; requeue queue ``ClusterQueue:name`` or ``Cohort:root``
+(batched ``UPDATES_BATCH_PERIOD`` as upstream's requeuer); check queue
+``AdmissionCheck:name`` or ``Workload:ns/name``.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import queue
+import math
 import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
-from gpulab.kueue import api, model
-from gpulab.kueue import workload as wlutil
-from gpulab.kueue.cache import Cache
-from gpulab.kueue.controllers import queue_status
-from gpulab.kueue.controllers.client import (
-    ALL,
-    CLUSTER_QUEUES,
+from gpulab.informer import (
     JOBS,
-    LOCAL_QUEUES,
-    RESOURCE_FLAVORS,
-    WORKLOADS,
-    KubeClient,
+    NODES,
+    PODS,
+    Handlers,
+    Informer,
+    ListWatch,
     Resource,
+    Store,
     key_of,
 )
-from gpulab.kueue.controllers.informer import SYNC, Event, Informer
-from gpulab.kueue.controllers.job_controller import JobReconciler
-from gpulab.kueue.controllers.store import Store
-from gpulab.kueue.controllers.workload_controller import WorkloadReconciler, queue_problem
-from gpulab.kueue.scheduler import Decision, Outcome, schedule
-from gpulab.trace import ObjectRef, Tracer
+from gpulab.kueue import api, model
+from gpulab.kueue import jobs as jobsutil
+from gpulab.kueue import workload as wlutil
+from gpulab.kueue.cache import AdmissionCheckInfo, Cache
+from gpulab.kueue.config import Configuration
+from gpulab.kueue.controllers import client as kc
+from gpulab.kueue.controllers.client import KubeClient
+from gpulab.kueue.metrics import Metrics
+from gpulab.kueue.model import condition_true
+from gpulab.kueue.preemption import Preemptor
+from gpulab.kueue.queue import Manager as QueueManager
+from gpulab.trace import Tracer
+from gpulab.wait import WaitTimeout, wait_for
+from gpulab.workqueue import WorkQueue, run_worker
 
 _log = logging.getLogger("gpulab.kueue.manager")
 
 Obj = dict[str, Any]
+UPDATES_BATCH_PERIOD = 1.0  # requeueBatchPeriod, UpdatesBatchPeriod
+GPUS_HEALTHY_CONTROLLER = "gpulab.io/gpus-healthy"
+
+WATCHED: tuple[tuple[Resource, str | None], ...] = (
+    (kc.RESOURCE_FLAVORS, None),
+    (kc.COHORTS, None),
+    (kc.CLUSTER_QUEUES, None),
+    (kc.ADMISSION_CHECKS, None),
+    (kc.LOCAL_QUEUES, None),
+    (kc.WORKLOAD_PRIORITY_CLASSES, None),
+    (kc.PRIORITY_CLASSES, None),
+    (kc.NAMESPACES, None),
+    (kc.WORKLOADS, None),
+    (JOBS, None),
+    (PODS, f"{api.MANAGED_LABEL}=true"),
+    (kc.STATEFULSETS, None),
+    (NODES, None),
+)
 
 
 class Manager:
-    def __init__(self, kube: KubeClient, tracer: Tracer, resync_seconds: float = 5.0) -> None:
-        self._kube = kube
-        self._tracer = tracer
-        self._resync = resync_seconds
-        self.store = Store()
-        self.cache = Cache()
-        self.events: queue.Queue[Event] = queue.Queue()
+    """Shared state of the controllers and the scheduler."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        tracer: Tracer,
+        config: Configuration | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        batch_period: float = UPDATES_BATCH_PERIOD,
+    ) -> None:
+        self.kube = kube
+        self.tracer = tracer
+        self.config = config or Configuration()
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.lock = threading.RLock()
         self.stop = threading.Event()
-        self._jobs = JobReconciler(kube, self.store, self.cache.flavors, tracer)
-        self._workloads = WorkloadReconciler(kube, self.store, self.cache, tracer)
-        self._found: set[str] = set()  # Workloads whose ClusterQueue was traced
+        self.cache = Cache()
+        self.stores: dict[str, Store] = {res.plural: Store() for res, _sel in WATCHED}
+        self.granular = self.config.gate("UnadmittedWorkloadsObservability")
+        self.preemptor = Preemptor(
+            fair_sharing=self.config.fair_sharing is not None,
+            strategies=self.config.fair_sharing or (),
+            clock=clock,
+        )
+        self.workload_q = WorkQueue()
+        self.job_q = WorkQueue()
+        self.status_q = WorkQueue()
+        self.requeue_q = WorkQueue()
+        self.check_q = WorkQueue()
+        self._batch = batch_period
+        # (work queue, key) pairs waiting in the queue's delay: the status and requeue
+        # queues share key names ("ClusterQueue:x"), so the queue is part of the entry
+        self._batched: set[tuple[int, str]] = set()
+        # ClusterQueues that may admit, recomputed under the lock whenever what decides it
+        # changes; the queue manager reads it without taking the lock (Heads)
+        self.active: frozenset[str] = frozenset()
+        self.queues = QueueManager(
+            requeuer=self._request_requeue,
+            namespace_labels=self.namespace_labels,
+            is_active=lambda name: name in self.active,
+            clock=clock,
+        )
+        # imported here: the reconcilers take the manager
+        from gpulab.kueue.controllers.admissioncheck import GpusHealthyController
+        from gpulab.kueue.controllers.jobframework import JobReconciler
+        from gpulab.kueue.controllers.queue_status import StatusReconciler
+        from gpulab.kueue.controllers.scheduler import SchedulerRunner
+        from gpulab.kueue.controllers.workload_controller import WorkloadReconciler
 
-    # -- running -------------------------------------------------------------------
+        self.workloads = WorkloadReconciler(self)
+        self.jobs = JobReconciler(self)
+        self.statuses = StatusReconciler(self)
+        self.checks = GpusHealthyController(self)
+        self.scheduler = SchedulerRunner(self)
+        self._informers: list[Informer] = []
 
-    def run(self) -> None:
-        for res in ALL:
-            Informer(self._kube, res, self.events, self.stop).start()
-        self._initial_sync()
-        last_resync = time.monotonic()
-        while not self.stop.is_set():
-            dirty = self._collect(timeout=self._resync)
-            if time.monotonic() - last_resync >= self._resync:
-                dirty.update(self._everything())
-                last_resync = time.monotonic()
-            if not dirty:
-                continue
-            try:
-                self.process(dirty)
-            except Exception:  # the API server may be restarting; the resync retries
-                _log.exception("reconcile pass failed; retrying at the next resync")
+    # -- lookups ------------------------------------------------------------------------------
 
-    def _initial_sync(self) -> None:
-        """Wait for every informer's first listing, then rebuild the cache from it."""
-        synced: set[str] = set()
-        while len(synced) < len(ALL) and not self.stop.is_set():
-            ev = self.events.get()
-            self._apply(ev)
-            if ev.type == SYNC:
-                synced.add(ev.resource.plural)
-        _log.info("synced %s; rebuilding the quota cache", ", ".join(sorted(synced)))
-        self.process(self._everything())
+    def store(self, res: Resource) -> Store:
+        return self.stores[res.plural]
 
-    def _everything(self) -> set[tuple[str, str]]:
-        return {(plural, key) for plural, objs in self.store.objects.items() for key in objs}
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        ns = self.store(kc.NAMESPACES).get(namespace)
+        if ns is None:
+            return None
+        return (ns.get("metadata") or {}).get("labels") or {}
 
-    def _collect(self, timeout: float) -> set[tuple[str, str]]:
-        dirty: set[tuple[str, str]] = set()
-        try:
-            ev = self.events.get(timeout=timeout)
-        except queue.Empty:
-            return dirty
-        dirty |= self._apply(ev)
-        while True:
-            try:
-                dirty |= self._apply(self.events.get_nowait())
-            except queue.Empty:
-                return dirty
+    def priority_values(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(WorkloadPriorityClass values, PriorityClass values) by name."""
+        wpcs = {
+            key_of(o): int(o.get("value", 0))
+            for o in self.store(kc.WORKLOAD_PRIORITY_CLASSES).list()
+        }
+        pcs = {key_of(o): int(o.get("value", 0)) for o in self.store(kc.PRIORITY_CLASSES).list()}
+        return wpcs, pcs
 
-    def _apply(self, ev: Event) -> set[tuple[str, str]]:
-        res = ev.resource
-        if ev.type == SYNC:
-            keys = self.store.replace_all(res, list(ev.items))
-            if res == RESOURCE_FLAVORS:
-                self.cache.flavors.clear()
-            if res == CLUSTER_QUEUES:
-                self.cache.cluster_queues.clear()
-            for obj in ev.items:
-                self._cache_object(res, obj, deleted=False)
-            return {(res.plural, k) for k in keys}
-        deleted = ev.type == "DELETED"
-        if deleted:
-            self.store.delete(res, ev.obj)
-        else:
-            self.store.put(res, ev.obj)
-        self._cache_object(res, ev.obj, deleted)
-        return {(res.plural, key_of(ev.obj))}
+    def wl_info(
+        self, obj: Mapping[str, Any], cluster_queue: str | None = None
+    ) -> model.WorkloadInfo:
+        wfpr = self.config.wait_for_pods_ready
+        return model.workload_from_obj(
+            obj,
+            cluster_queue,
+            self.config.resources,
+            eviction_timestamp=wfpr.eviction_timestamp if wfpr else True,
+        )
 
-    def _cache_object(self, res: Resource, obj: Obj, deleted: bool) -> None:
-        name = obj["metadata"]["name"]
-        if res == RESOURCE_FLAVORS:
+    def job_ref_of(self, wl: Mapping[str, Any]) -> jobsutil.Ref | None:
+        meta = wl["metadata"]
+        if (meta.get("annotations") or {}).get(api.IS_GROUP_WORKLOAD) == "true":
+            return jobsutil.Ref(jobsutil.POD_GROUP, meta["namespace"], meta["name"])
+        owner = wlutil.owner(wl)
+        if owner is None:
+            return None
+        if owner.get("kind") == "Job" and str(owner.get("apiVersion", "")).startswith("batch/"):
+            return jobsutil.Ref(jobsutil.JOB, meta["namespace"], owner["name"])
+        if owner.get("kind") == "Pod":
+            return jobsutil.Ref(jobsutil.POD, meta["namespace"], owner["name"])
+        return None
+
+    # -- requeueing inadmissible Workloads -----------------------------------------------------
+
+    def _request_requeue(self, kind: str, name: str) -> None:
+        self.batched(self.requeue_q, f"{kind}:{name}")
+
+    def batched(self, q: WorkQueue, key: str) -> None:
+        """Add ``key`` after the batch period unless it already waits (client-go's delaying
+        queue keeps one entry per key)."""
+        entry = (id(q), key)
+        with self.lock:
+            if entry in self._batched:
+                return
+            self._batched.add(entry)
+        q.add_after(key, self._batch)
+
+    def take(self, q: WorkQueue, key: str) -> None:
+        """A worker of ``q`` starts on a batched key: the next change schedules it again."""
+        with self.lock:
+            self._batched.discard((id(q), key))
+
+    def _requeue(self, key: str) -> None:
+        self.take(self.requeue_q, key)
+        kind, _, name = key.partition(":")
+        with self.lock:
+            self.queues.requeue_inadmissible(kind, name)
+
+    def notify_cqs(self, names: set[str]) -> None:
+        with self.lock:
+            self.queues.notify_retry_inadmissible(names)
+
+    def cqs_using(self, predicate: Callable[[model.ClusterQueue], bool]) -> set[str]:
+        return {name for name, cq in self.cache.cluster_queues.items() if predicate(cq)}
+
+    def _refresh_active(self) -> None:
+        """Call with the lock held, after a flavor, queue, cohort or check changed."""
+        self.active = frozenset(n for n in self.cache.cluster_queues if self.cache.is_active(n))
+
+    def enqueue_status(self, cq_name: str | None = None, later: bool = False) -> None:
+        """Status of the ClusterQueue and its LocalQueues; ``later`` batches what
+        Workload changes trigger (UpdatesBatchPeriod, 1 s, as upstream)."""
+        if not cq_name:
+            return
+        keys = [f"ClusterQueue:{cq_name}"]
+        keys += [
+            f"LocalQueue:{lq.key}"
+            for lq in list(self.queues.local_queues.values())
+            if lq.cluster_queue == cq_name
+        ]
+        for key in keys:
+            if later:
+                self.batched(self.status_q, key)
+            else:
+                self.status_q.add(key)
+
+    # -- event handlers (run on the informer threads) --------------------------------------------
+
+    def handlers(self, res: Resource) -> Handlers:
+        on = {
+            kc.RESOURCE_FLAVORS.plural: self._on_flavor,
+            kc.COHORTS.plural: self._on_cohort,
+            kc.CLUSTER_QUEUES.plural: self._on_cluster_queue,
+            kc.ADMISSION_CHECKS.plural: self._on_admission_check,
+            kc.LOCAL_QUEUES.plural: self._on_local_queue,
+            kc.NAMESPACES.plural: self._on_namespace,
+            kc.WORKLOADS.plural: self._on_workload,
+            JOBS.plural: self._on_job,
+            PODS.plural: self._on_pod,
+            NODES.plural: self._on_node,
+        }.get(res.plural)
+        if on is None:
+            return Handlers()
+        f = on
+        return Handlers(
+            on_add=lambda obj: f(None, obj, False),
+            on_update=lambda old, new: f(old, new, False),
+            on_delete=lambda obj: f(obj, obj, True),
+        )
+
+    def _on_flavor(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        name = key_of(new)
+        with self.lock:
             if deleted:
                 self.cache.delete_flavor(name)
             else:
-                self.cache.add_or_update_flavor(model.flavor_from_obj(obj))
-        elif res == CLUSTER_QUEUES:
+                self.cache.add_or_update_flavor(model.flavor_from_obj(new))
+            self._refresh_active()
+            users = self.cqs_using(lambda cq: name in cq.flavor_names())
+            if not deleted:
+                self.queues.notify_retry_inadmissible(users)
+        for cq in users:
+            self.enqueue_status(cq)
+
+    def _on_cohort(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        if _status_only(old, new, deleted):
+            return
+        name = key_of(new)
+        with self.lock:
+            if deleted:
+                self.cache.delete_cohort(name)
+                self.queues.cohort_parents.pop(name, None)
+            else:
+                cohort = model.cohort_from_obj(new)
+                self.cache.add_or_update_cohort(cohort)
+                self.queues.cohort_parents[name] = cohort.parent
+            self._refresh_active()
+            if not deleted:
+                self.queues.requeuer("Cohort", self.queues.root_cohort(name))
+            members = self.cqs_using(lambda cq: cq.cohort is not None)
+        for cq in members:
+            self.enqueue_status(cq)
+
+    def _on_cluster_queue(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        if _status_only(old, new, deleted):
+            return  # its own status write
+        name = key_of(new)
+        with self.lock:
             if deleted:
                 self.cache.delete_cluster_queue(name)
+                self.queues.delete_cluster_queue(name)
             else:
-                self.cache.add_or_update_cluster_queue(model.cluster_queue_from_obj(obj))
-
-    # -- one pass ----------------------------------------------------------------------
-
-    def process(self, dirty: set[tuple[str, str]]) -> None:
-        workloads = {k for p, k in dirty if p == WORKLOADS.plural}
-        jobs = {k for p, k in dirty if p == JOBS.plural}
-        if any(p == LOCAL_QUEUES.plural for p, _ in dirty):
-            workloads |= set(self.store.workloads)  # a queue appeared or went away
-        for key in sorted(workloads):
-            self._workloads.reconcile(key)
-            wl = self.store.workloads.get(key)
-            job = self.store.job_for_workload(wl) if wl else None
-            if job is not None:
-                jobs.add(key_of(job))
-        for key in sorted(jobs):
-            self._jobs.reconcile(key)
-        for job_key in self._schedule():
-            self._jobs.reconcile(job_key)
-        self._queue_statuses()
-
-    def pending(self) -> list[model.WorkloadInfo]:
-        """Workloads waiting for quota whose LocalQueue and ClusterQueue exist."""
-        out = []
-        self._found &= set(self.store.workloads)
-        for key, wl in self.store.workloads.items():
-            if not _is_pending(wl) or queue_problem(self.store, wl) is not None:
-                continue
-            cq = self.store.cluster_queue_of(wl)
-            if key not in self._found:
-                self._found.add(key)
-                self._tracer.step(
-                    "FindClusterQueue",
-                    ObjectRef.of(wl),
-                    f"LocalQueue {wl['spec'].get('queueName')} -> ClusterQueue {cq}",
+                spec = model.cluster_queue_from_obj(new)
+                changed = old is None or (old.get("spec") != new.get("spec"))
+                self.cache.add_or_update_cluster_queue(spec)
+                self.queues.add_or_update_cluster_queue(
+                    name, spec.queueing_strategy, spec.namespace_selector, spec.cohort, changed
                 )
-            out.append(model.workload_from_obj(wl, cluster_queue=cq))
-        return out
+                if spec.stop_policy == api.HOLD_AND_DRAIN:
+                    for wl in self.cache.workloads_in(name):
+                        self.workload_q.add(wl.key)
+            self._refresh_active()
+            self.queues.wake()
+        self.enqueue_status(name)
 
-    def _schedule(self) -> list[str]:
-        """Run the scheduler; returns the Jobs whose Workload changed."""
-        pending = self.pending()
-        if not pending:
-            return []
-        decisions = schedule(pending, self.cache, self._kube.namespace_labels())
-        touched: list[str] = []
-        for d in decisions:
-            wl = self.store.workloads.get(d.workload.key)
-            if wl is None:
-                self.cache.remove_workload(d.workload.key)
-                continue
-            if self._apply_decision(d, wl):
-                job = self.store.job_for_workload(self.store.workloads[d.workload.key])
-                if job is not None:
-                    touched.append(key_of(job))
-        return touched
+    def _on_admission_check(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        name = key_of(new)
+        with self.lock:
+            if deleted:
+                self.cache.delete_admission_check(name)
+            else:
+                info = AdmissionCheckInfo(
+                    controller=(new.get("spec") or {}).get("controllerName", ""),
+                    active=condition_true(new, api.CQ_ACTIVE),
+                )
+                self.cache.add_or_update_admission_check(name, info)
+            self._refresh_active()
+            users = self.cqs_using(lambda cq: name in cq.admission_checks)
+            self.queues.notify_retry_inadmissible(users)
+        for cq in users:
+            self.enqueue_status(cq)
+        if not deleted:
+            self.check_q.add(f"AdmissionCheck:{name}")
 
-    def _apply_decision(self, d: Decision, wl: Obj) -> bool:
-        now = wlutil.now_rfc3339()
-        new = copy.deepcopy(wl)
-        if d.outcome is Outcome.ADMIT:
-            assert d.admission is not None
-            wlutil.set_quota_reservation(new, d.admission, now)
-            if not self._write_status(new):
-                # Not recorded: give the quota back; the next pass decides again.
-                self.cache.remove_workload(d.workload.key)
-                return False
-            flavors = {psa["name"]: psa["flavors"] for psa in d.admission["podSetAssignments"]}
-            self._tracer.step(
-                "Admit",
-                ObjectRef.of(wl),
-                f"Quota reserved in ClusterQueue {d.admission['clusterQueue']}",
-                flavors=flavors,
-            )
-            return True
-        if d.outcome is Outcome.PREEMPT:
-            for target in d.targets:
-                self._evict(target.workload.key, wl, target.reason, d.workload.cluster_queue, now)
-        if wlutil.unset_quota_reservation(new, d.reason, d.message, now) and self._write_status(
-            new
-        ):
-            self._tracer.step("Admit", ObjectRef.of(wl), f"{d.reason}: {d.message}", warning=True)
-        return False
-
-    def _evict(self, key: str, preemptor: Obj, reason: str, cq: str | None, now: str) -> None:
-        victim = self.store.workloads.get(key)
-        if victim is None or wlutil.is_evicted(victim):
-            return
-        victim_cq = ((victim.get("status") or {}).get("admission") or {}).get("clusterQueue", "")
-        message = wlutil.preemption_message(preemptor, reason, cq or "", victim_cq)
-        new = copy.deepcopy(victim)
-        wlutil.set_evicted(new, api.EVICTED_BY_PREEMPTION, message, now)
-        wlutil.set_condition(new, api.PREEMPTED, "True", reason, message, now)
-        if self._write_status(new):
-            self._tracer.step("Evict", ObjectRef.of(victim), message, warning=True)
-
-    def _write_status(self, wl: Obj) -> bool:
-        try:
-            self.store.put(WORKLOADS, self._kube.replace_status(WORKLOADS, wl))
-        except ApiException as exc:
-            _log.info("workload %s status not written: %s %s", key_of(wl), exc.status, exc.reason)
-            return False
-        return True
-
-    def _queue_statuses(self) -> None:
-        now = wlutil.now_rfc3339()
-        pending_by_lq: dict[str, int] = {}
-        for wl in self.store.workloads.values():
-            if _is_pending(wl):
-                lq = f"{wl['metadata']['namespace']}/{wl['spec'].get('queueName')}"
-                pending_by_lq[lq] = pending_by_lq.get(lq, 0) + 1
-        pending_by_cq: dict[str, int] = {}
-        for lq_key, lq in self.store.local_queues.items():
-            cq_name = (lq.get("spec") or {}).get("clusterQueue", "")
-            pending_by_cq[cq_name] = pending_by_cq.get(cq_name, 0) + pending_by_lq.get(lq_key, 0)
-        for cq in list(self.store.cluster_queues.values()):
-            name = cq["metadata"]["name"]
-            new = queue_status.cluster_queue_status(cq, self.cache, pending_by_cq.get(name, 0), now)
-            if queue_status.status_changed(cq, new):
-                self._write_queue(CLUSTER_QUEUES, cq, new)
-        for lq_key, lq in list(self.store.local_queues.items()):
-            cq_name = (lq.get("spec") or {}).get("clusterQueue", "")
-            ns, name = lq_key.split("/", 1)
-            mine = [
-                w
+    def _on_local_queue(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        if _status_only(old, new, deleted):
+            return  # its own status write
+        key = key_of(new)
+        with self.lock:
+            if deleted:
+                self.queues.delete_local_queue(key)
+            else:
+                self.queues.add_or_update_local_queue(model.local_queue_from_obj(new))
+            waiting = [k for k, lq in self.queues.assigned.items() if lq == key]
+            admitted = [
+                w.key
                 for w in self.cache.workloads.values()
-                if w.namespace == ns and w.queue_name == name
+                if f"{w.namespace}/{w.queue_name}" == key
             ]
-            new = queue_status.local_queue_status(
-                lq, mine, pending_by_lq.get(lq_key, 0), cq_name in self.store.cluster_queues, now
-            )
-            if queue_status.status_changed(lq, new):
-                self._write_queue(LOCAL_QUEUES, lq, new)
+        for wl_key in waiting + admitted:
+            self.workload_q.add(wl_key)
+        self.status_q.add(f"LocalQueue:{key}")
 
-    def _write_queue(self, res: Resource, old: Obj, new: Obj) -> None:
+    def _on_namespace(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        if old is not None and not deleted:
+            old_labels = (old.get("metadata") or {}).get("labels")
+            if old_labels == (new.get("metadata") or {}).get("labels"):
+                return
+        self.notify_cqs(set(self.cache.cluster_queues))
+
+    def _on_workload(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        """workload_controller.go Create/Update/Delete: move the Workload between the
+        queues and the cache on status transitions."""
+        key = key_of(new)
+        status = "deleted" if deleted else _status(new)
+        prev = _status(old) if old is not None else "absent"
+        with self.lock:
+            if status in ("deleted", "finished", "inactive"):
+                if self.cache.delete_workload(key) is not None:
+                    self.queues.queue_associated_inadmissible_after(key)
+                self.queues.delete_workload(key)
+            elif status == "reserved":
+                self.queues.delete_workload(key, forget=False)
+                info = self.wl_info(new)
+                if self.cache.add_or_update_workload(info):
+                    ready = condition_true(new, api.PODS_READY)
+                    if self.config.wait_for_pods_ready and not ready:
+                        self.cache.not_ready.add(key)
+                    else:
+                        self.cache.not_ready.discard(key)
+            else:  # pending
+                if prev == "reserved" and self.cache.delete_workload(key) is not None:
+                    self.queues.queue_associated_inadmissible_after(key)
+                cq = self.queues.cluster_queue_for(new["metadata"]["namespace"], _queue(new))
+                self.queues.add_or_update_workload(self.wl_info(new, cq))
+        if not deleted:
+            self.workload_q.add(key)
+            self.check_q.add(f"Workload:{key}")
+        ref = self.job_ref_of(new)
+        if ref is not None:
+            self.job_q.add(str(ref))
+        admission = (new.get("status") or {}).get("admission") or {}
+        cq_name = admission.get("clusterQueue") or self.queues.cluster_queue_for(
+            new["metadata"]["namespace"], _queue(new)
+        )
+        self.enqueue_status(cq_name, later=True)
+
+    def _on_job(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        meta = new["metadata"]
+        self.job_q.add(str(jobsutil.Ref(jobsutil.JOB, meta["namespace"], meta["name"])))
+
+    def _on_pod(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        self.job_q.add(str(jobsutil.ref_for_pod(new)))
+
+    def _on_node(self, old: Obj | None, new: Obj, deleted: bool) -> None:
+        self.check_q.add("Nodes")
+
+    # -- running -------------------------------------------------------------------------------
+
+    def start_informers(self, api_client: Any) -> None:
+        frameworks = self.config.frameworks
+        for res, selector in WATCHED:
+            if res == JOBS and "batch/job" not in frameworks:
+                continue
+            lw = ListWatch(api_client, res, label_selector=selector)
+            informer = Informer(lw, self.handlers(res), store=self.store(res))
+            self._informers.append(informer.start())
+
+    def run(self, api_client: Any) -> None:
+        """Informers first; once every one has listed, the cache holds every Workload
+        that has quota, then the workers and the scheduler start."""
+        self.start_informers(api_client)
         try:
-            self.store.put(res, self._kube.replace_status(res, new))
-        except ApiException as exc:
-            _log.info("%s %s status not written: %s", res.kind, key_of(old), exc.status)
-            return
-        before = wlutil.condition_status(old, api.CQ_ACTIVE)
-        after = wlutil.condition_status(new, api.CQ_ACTIVE)
-        if before != after:
-            cond = next(c for c in new["status"]["conditions"] if c["type"] == api.CQ_ACTIVE)
-            self._tracer.step(
-                "Reconcile",
-                ObjectRef.of(new),
-                f"{res.kind} {'active' if after == 'True' else 'inactive'}: {cond['message']}",
-                warning=after != "True",
-                reason=cond["reason"],
+            wait_for(
+                lambda: all(i.has_synced() for i in self._informers),
+                math.inf,
+                "every informer to list",
+                stop=self.stop,
             )
+        except WaitTimeout:  # raised only when the manager stops first
+            return
+        _log.info("informers synced; starting reconcilers and the scheduler")
+        workers = [
+            (self.workload_q, self.workloads.reconcile, "workload"),
+            (self.job_q, self.jobs.reconcile, "job"),
+            (self.status_q, self.statuses.reconcile, "queue-status"),
+            (self.requeue_q, self._requeue, "requeue"),
+            (self.check_q, self.checks.reconcile, "admission-check"),
+        ]
+        threads = [
+            threading.Thread(target=run_worker, args=w, name=w[2], daemon=True) for w in workers
+        ]
+        threads.append(threading.Thread(target=self.scheduler.run, name="scheduler", daemon=True))
+        for t in threads:
+            t.start()
+        self.stop.wait()
+        for q, _fn, _name in workers:
+            q.shutdown()
+        for informer in self._informers:
+            informer.stop()
+        self.queues.wake()
 
 
-def _is_pending(wl: Obj) -> bool:
-    return (
-        not wlutil.is_finished(wl)
-        and not wlutil.has_quota_reservation(wl)
-        and (wl.get("spec") or {}).get("active", True) is not False
+def _status_only(old: Obj | None, new: Obj, deleted: bool) -> bool:
+    """An update that changed nothing but the status (the controller's own write)."""
+    if old is None or deleted:
+        return False
+    a, b = old.get("metadata") or {}, new.get("metadata") or {}
+    return old.get("spec") == new.get("spec") and a.get("deletionTimestamp") == b.get(
+        "deletionTimestamp"
     )
+
+
+def _queue(wl: Mapping[str, Any]) -> str:
+    return (wl.get("spec") or {}).get("queueName", "")
+
+
+def _status(wl: Mapping[str, Any]) -> str:
+    if wlutil.is_finished(wl):
+        return "finished"
+    if wlutil.has_quota_reservation(wl):
+        return "reserved"
+    if not wlutil.is_active(wl):
+        return "inactive"
+    return "pending"

@@ -54,7 +54,7 @@ from gpulab.wait import retry_call
 _log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-SYNC_TIMEOUT = 60.0
+SYNC_WARN_EVERY = 10.0  # seconds between "waiting for cache" lines
 # conditions are merged by type, as UpdateStatus of the whole pod would keep the others
 STRATEGIC = "application/strategic-merge-patch+json"
 PG_UNSCHEDULABLE_PHASES = (apis.PG_UNKNOWN, apis.PG_PENDING, apis.PG_INQUEUE)
@@ -136,9 +136,13 @@ class SchedulerCache:
             )
         for informer in self.informers.values():
             informer.start()
+        # WaitForCacheSync blocks until every informer has synced: sessions never open
+        # on a partial view (a missing RBAC verb shows as this line and a 403, repeated)
         for name, informer in self.informers.items():
-            if not informer.wait_for_sync(SYNC_TIMEOUT):
-                _log.warning("informer %s not synced after %.0fs", name, SYNC_TIMEOUT)
+            while not informer.wait_for_sync(SYNC_WARN_EVERY):
+                if informer.stopped:
+                    return
+                _log.warning("waiting for cache %s to sync", name)
 
     def _create_queue(self, name: str, reclaimable: bool) -> None:
         body = {

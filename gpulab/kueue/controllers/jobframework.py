@@ -1,0 +1,341 @@
+"""The job reconciler shared by every integration: one Workload per job; the job runs
+only while its Workload is admitted.
+
+Mirrors kubernetes-sigs/kueue v0.19.2 pkg/controller/jobframework/reconciler.go
+``ReconcileGenericJob``, in its order: a finished job finishes its Workload; a job
+without a Workload gets one (``handleJobWithNoWorkload``, owned by the job, suspended
+if it was not); with waitForPodsReady the PodsReady condition follows the pods
+(``generatePodsReadyCondition``); an evicted Workload's job is stopped (``stopJob``)
+and, once nothing runs, the quota reservation is released and Requeued set; a
+suspended job whose Workload is admitted is started (``startJob``: unsuspend, or
+remove the pods' scheduling gate, with the flavors' node labels); a running job
+without admission is stopped. Plain pods and pod groups follow
+pkg/controller/jobs/pod/pod_controller.go (the ``kueue.x-k8s.io/managed`` finalizer is
+removed once a pod ended or is deleted and its Workload finished).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.client.rest import ApiException
+
+from gpulab.informer import JOBS, PODS
+from gpulab.kueue import api
+from gpulab.kueue import jobs as jobsutil
+from gpulab.kueue import workload as wlutil
+from gpulab.kueue.controllers.client import WORKLOADS, is_conflict
+from gpulab.kueue.model import condition
+from gpulab.trace import ObjectRef
+
+if TYPE_CHECKING:
+    from gpulab.kueue.controllers.manager import Manager
+
+_log = logging.getLogger("gpulab.kueue.jobframework")
+Obj = dict[str, Any]
+
+NOT_READY = "Not all pods are ready or succeeded"
+RECOVERING = "At least one pod has failed, waiting for recovery"
+READY = "All pods reached readiness and the workload is running"
+
+
+class JobReconciler:
+    def __init__(self, manager: Manager) -> None:
+        self.m = manager
+
+    def reconcile(self, key: str) -> float | None:
+        ref = jobsutil.Ref.parse(key)
+        try:
+            if ref.kind == jobsutil.JOB:
+                self._job(ref)
+            else:
+                self._pods(ref)
+        except ApiException as exc:
+            if not is_conflict(exc):
+                raise  # run_worker retries with back-off: no watch event may come
+            # the watch brings the fresh object and the job is reconciled again
+            _log.debug("%s: %s %s", ref, exc.status, exc.reason)
+        return None
+
+    def _workload(self, namespace: str, name: str) -> Obj | None:
+        return self.m.store(WORKLOADS).get(f"{namespace}/{name}")
+
+    def _update(self, key: str, mutate: Any) -> Obj | None:
+        return self.m.scheduler.update_status(key, mutate)
+
+    # -- the steps every integration shares ------------------------------------------------
+
+    def _finish(self, wl: Obj, succeeded: bool, message: str) -> None:
+        reason = api.FINISHED_SUCCEEDED if succeeded else api.FINISHED_FAILED
+        text = message or f"Job {reason.lower()}"
+        now = wlutil.now_rfc3339()
+        written = self._update(
+            f"{wl['metadata']['namespace']}/{wl['metadata']['name']}",
+            lambda w: wlutil.set_condition(w, api.FINISHED, "True", reason, text, now),
+        )
+        if written is None:
+            return
+        admission = (wl.get("status") or {}).get("admission") or {}
+        pc = ((wl.get("spec") or {}).get("priorityClassRef") or {}).get("name", "")
+        if admission:
+            self.m.metrics.finished.labels(admission["clusterQueue"], pc, "standalone").inc()
+        self.m.tracer.step("FinishWorkload", ObjectRef.of(written), f"{reason}: {text}")
+
+    def _create_workload(
+        self, ref: jobsutil.Ref, owners: Sequence[Obj], pod_sets: list[Obj]
+    ) -> None:
+        first = owners[0]
+        pod_spec = (pod_sets[0].get("template") or {}).get("spec") or {}
+        wpcs, pcs = self.m.priority_values()
+        priority, pref = jobsutil.priority_of(first, pod_spec, wpcs, pcs)
+        body = jobsutil.new_workload(
+            ref, owners, jobsutil.queue_name(first), pod_sets, priority, pref
+        )
+        try:
+            created = self.m.kube.create(WORKLOADS, body)
+        except ApiException as exc:
+            if exc.status != 409:  # AlreadyExists: the watch has not delivered it yet
+                raise
+            return
+        self.m.tracer.step(
+            "handleJobWithNoWorkload",
+            ObjectRef.of(created),
+            f"Created Workload: {ref.namespace}/{created['metadata']['name']} for {ref} in "
+            f"LocalQueue {jobsutil.queue_name(first)}",
+            priority=priority,
+        )
+
+    def _pods_ready(self, wl: Obj, ready: bool) -> bool:
+        """generatePodsReadyCondition; True when it wrote a change."""
+        if self.m.config.wait_for_pods_ready is None or not wlutil.is_admitted(wl):
+            return False
+        old = condition(wl, api.PODS_READY)
+        if ready:
+            recovering = old is not None and old.get("reason") in (
+                api.WAIT_FOR_RECOVERY,
+                api.RECOVERED,
+            )
+            status, reason, message = "True", api.RECOVERED if recovering else api.STARTED, READY
+        elif old is not None and (
+            old.get("status") == "True" or old.get("reason") == api.WAIT_FOR_RECOVERY
+        ):
+            status, reason, message = "False", api.WAIT_FOR_RECOVERY, RECOVERING
+        else:
+            status, reason, message = "False", api.WAIT_FOR_START, NOT_READY
+        if old is not None and (old.get("status"), old.get("reason")) == (status, reason):
+            return False
+        now = wlutil.now_rfc3339()
+        key = f"{wl['metadata']['namespace']}/{wl['metadata']['name']}"
+        written = self._update(
+            key, lambda w: wlutil.set_condition(w, api.PODS_READY, status, reason, message, now)
+        )
+        if written is not None:
+            self.m.tracer.step(
+                "generatePodsReadyCondition",
+                ObjectRef.of(written),
+                f"PodsReady={status}: {message}",
+            )
+        return written is not None
+
+    def _release_after_stop(self, wl: Obj) -> None:
+        """The job stopped after an eviction: clear the admission (Requeued=True only for
+        preemption), put the admission checks back to Pending."""
+        evicted = condition(wl, api.EVICTED) or {}
+        reason = evicted.get("reason") or api.EVICTED
+        message = evicted.get("message", "")
+        now = wlutil.now_rfc3339()
+        granular = self.m.granular
+
+        def release(w: MutableMapping[str, Any]) -> bool:
+            changed = wlutil.set_requeued(
+                w, reason, message, reason == api.EVICTED_BY_PREEMPTION, now
+            )
+            pending = api.REASON_PENDING_EVALUATION if granular else api.PENDING
+            changed = wlutil.unset_quota_reservation(w, pending, message, now, granular) or changed
+            return wlutil.reset_checks_to_pending(w, now) or changed
+
+        key = f"{wl['metadata']['namespace']}/{wl['metadata']['name']}"
+        written = self._update(key, release)
+        if written is not None:
+            self.m.tracer.step(
+                "stopJob", ObjectRef.of(written), f"quota reservation released: {message}"
+            )
+
+    # -- batch/v1 Job ----------------------------------------------------------------------
+
+    def _job(self, ref: jobsutil.Ref) -> None:
+        m = self.m
+        job = m.store(JOBS).get(f"{ref.namespace}/{ref.name}")
+        if job is None or not jobsutil.queue_name(job):
+            return  # the garbage collector deletes the owned Workload
+        meta = job["metadata"]
+        jref = ObjectRef.of({**job, "apiVersion": "batch/v1", "kind": "Job"})
+        wl = self._workload(
+            ref.namespace, wlutil.workload_name(meta["name"], meta["uid"], "Job", "batch")
+        )
+        if wl is not None and wlutil.is_finished(wl):
+            return
+        finished, succeeded, message = jobsutil.job_finished(job)
+        if finished:
+            if wl is not None:
+                self._finish(wl, succeeded, message)
+            return
+        if wl is None:
+            self._create_workload(ref, [job], jobsutil.job_pod_sets(job))
+            if not (job.get("spec") or {}).get("suspend"):
+                self._suspend(job, jref, "Not admitted by cluster queue")
+            return
+        suspended = bool((job.get("spec") or {}).get("suspend"))
+        if not suspended and self._pods_ready(wl, jobsutil.job_pods_ready(job)):
+            return
+        if wlutil.is_evicted(wl):
+            self._stop_evicted_job(job, wl, jref)
+            return
+        if suspended:
+            if wlutil.is_admitted(wl):
+                patch = jobsutil.job_start_patch(job, wl, m.cache.flavors)
+                m.kube.patch(JOBS, job, patch)
+                cq = wl["status"]["admission"]["clusterQueue"]
+                m.tracer.step(
+                    "startJob",
+                    jref,
+                    f"Admitted by clusterQueue {cq}",
+                    nodeSelector=patch["spec"]["template"]["spec"]["nodeSelector"],
+                )
+            return
+        if not wlutil.is_admitted(wl):
+            self._suspend(job, jref, "Not admitted by cluster queue")
+
+    def _suspend(self, job: Obj, jref: ObjectRef, why: str) -> None:
+        self.m.kube.patch(JOBS, job, {"spec": {"suspend": True}})
+        self.m.tracer.step("stopJob", jref, f"Job suspended: {why}", warning=True)
+
+    def _stop_evicted_job(self, job: Obj, wl: Obj, jref: ObjectRef) -> None:
+        m = self.m
+        message = (condition(wl, api.EVICTED) or {}).get("message", "")
+        if not (job.get("spec") or {}).get("suspend"):
+            job = m.kube.patch(JOBS, job, {"spec": {"suspend": True}})
+            m.tracer.step("stopJob", jref, f"Job suspended: {message}", warning=True)
+        # the pod template may only change on a suspended Job that has no startTime
+        if (job.get("status") or {}).get("startTime"):
+            job = m.kube.patch_status(JOBS, job, {"status": {"startTime": None}})
+        restore = jobsutil.job_restore_patch(wl)
+        want = restore["spec"]["template"]["spec"]
+        have = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+        if any((have.get(k) or None) != want[k] for k in want):
+            job = m.kube.patch(JOBS, job, restore)
+        if wlutil.has_quota_reservation(wl) and not (job.get("status") or {}).get("active"):
+            self._release_after_stop(wl)
+
+    # -- Pods and pod groups --------------------------------------------------------------
+
+    def _pods(self, ref: jobsutil.Ref) -> None:
+        m = self.m
+        if ref.kind == jobsutil.POD:
+            pod = m.store(PODS).get(f"{ref.namespace}/{ref.name}")
+            pods = [pod] if pod is not None else []
+        else:
+            pods = [
+                p
+                for p in m.store(PODS).list()
+                if p["metadata"]["namespace"] == ref.namespace
+                and jobsutil.group_name(p) == ref.name
+            ]
+        if not pods:
+            return
+        first = pods[0]
+        if ref.kind == jobsutil.POD:
+            meta = first["metadata"]
+            wl_name = wlutil.workload_name(meta["name"], meta["uid"], "Pod", "")
+            count: int | None = 1
+        else:
+            wl_name, count = ref.name, jobsutil.total_count(first)
+        if count is None:
+            return  # the webhook rejects a group without its total count
+        wl = self._workload(ref.namespace, wl_name)
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        if ref.kind == jobsutil.POD:
+            gone = bool(first["metadata"].get("deletionTimestamp"))
+            finished = jobsutil.pod_terminal(first) or gone
+            succeeded = jobsutil.pod_phase(first) == "Succeeded"
+            message = (first.get("status") or {}).get("message", "") or (
+                "Pod deleted" if gone else ""
+            )
+        else:
+            finished, succeeded, message = jobsutil.group_finished(pods, count)
+        if wl is not None and not wlutil.is_finished(wl) and finished:
+            self._finish(wl, succeeded, message)
+            return
+        if wl is None or wlutil.is_finished(wl):
+            if wl is None and not finished and jobsutil.queue_name(first):
+                complete = (
+                    len(live) >= count
+                    or jobsutil.annotations(first).get("kueue.x-k8s.io/pod-group-fast-admission")
+                    == "true"
+                )
+                if complete:
+                    self._create_workload(ref, live, self._pod_sets(ref, live, count))
+            self._finalize(pods, wl)
+            return
+        if self._pods_ready(wl, all(jobsutil.pod_ready(p) for p in live) and len(live) >= count):
+            return
+        if wlutil.is_evicted(wl):
+            self._stop_pods(live, wl)
+            return
+        if wlutil.is_admitted(wl):
+            for pod in live:
+                if jobsutil.is_gated(pod):
+                    m.kube.update(PODS, jobsutil.pod_ungate(pod, wl, m.cache.flavors))
+                    m.tracer.step(
+                        "startJob",
+                        ObjectRef.of({**pod, "apiVersion": "v1", "kind": "Pod"}),
+                        f"Admitted by clusterQueue {wl['status']['admission']['clusterQueue']}: "
+                        "scheduling gate removed",
+                    )
+        self._finalize([p for p in pods if p not in live or jobsutil.pod_terminal(p)], wl)
+
+    def _pod_sets(self, ref: jobsutil.Ref, pods: Sequence[Obj], count: int) -> list[Obj]:
+        if ref.kind == jobsutil.POD:
+            return [
+                {
+                    "name": api.DEFAULT_POD_SET,
+                    "count": 1,
+                    "template": jobsutil.pod_template(pods[0]),
+                }
+            ]
+        return jobsutil.group_pod_sets(pods, count)
+
+    def _stop_pods(self, pods: Sequence[Obj], wl: Obj) -> None:
+        """Pod.Stop: an evicted Workload's running pods are deleted; once none is left
+        the quota is released."""
+        running = [p for p in pods if not jobsutil.is_gated(p) and not jobsutil.pod_terminal(p)]
+        for pod in running:
+            self.m.kube.delete(PODS, pod)
+            self.m.tracer.step(
+                "stopJob",
+                ObjectRef.of({**pod, "apiVersion": "v1", "kind": "Pod"}),
+                f"Pod deleted: {(condition(wl, api.EVICTED) or {}).get('message', '')}",
+                warning=True,
+            )
+        if not running and wlutil.has_quota_reservation(wl):
+            self._release_after_stop(wl)
+
+    def _finalize(self, pods: Sequence[Obj], wl: Mapping[str, Any] | None) -> None:
+        """Drop the kueue.x-k8s.io/managed finalizer of pods that ended or are deleted."""
+        for pod in pods:
+            finalizers = pod["metadata"].get("finalizers") or []
+            done = jobsutil.pod_terminal(pod) or pod["metadata"].get("deletionTimestamp")
+            if api.POD_FINALIZER not in finalizers or not done:
+                continue
+            if (
+                wl is not None
+                and not wlutil.is_finished(wl)
+                and not pod["metadata"].get("deletionTimestamp")
+            ):
+                continue
+            updated = copy.deepcopy(pod)
+            updated["metadata"]["finalizers"] = [f for f in finalizers if f != api.POD_FINALIZER]
+            self.m.kube.update(PODS, updated)
