@@ -13,7 +13,8 @@ GPULAB := $(BIN)/gpulab
 .PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
         demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
         test-dashboard bench-dashboard \
-        demo-coscheduling demo-numa demo-volcano demo-gpu-operator
+        demo-coscheduling demo-numa demo-volcano demo-gpu-operator \
+        lab-unschedulable lab-device-plugin lab-gang-deadlock lab-queue-quota lab-mig
 
 setup: venv fake-gpu binaries dashboard-web
 
@@ -72,6 +73,14 @@ demo-volcano: setup
 
 demo-gpu-operator: setup
 	@$(GPULAB) demo gpu-operator --backend local --spec gpu-operator
+
+# Troubleshooting labs (harness/labs, docs/workshop.md): each breaks its chapter on the
+# labs cluster (--spec labs; lab-mig: --spec labs-mig) and prints the symptom; then
+# `gpulab lab hint|check|stop NAME`.
+LABS := unschedulable device-plugin gang-deadlock queue-quota mig
+
+$(addprefix lab-,$(LABS)): lab-%: setup
+	@$(GPULAB) lab start $* --backend local
 
 down: venv
 	@$(GPULAB) down

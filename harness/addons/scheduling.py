@@ -43,7 +43,9 @@ def profile_config() -> dict[str, Any]:
 
 def start(backend: Backend, progress: Progress) -> None:
     backend.apply([MANIFEST_DIR], progress)
-    gpu_nodes = [n.name for n in backend.spec.nodes if n.profile]
+    # the topology updaters' DaemonSet runs where nvidia.com/gpu.present=true: not on the
+    # nodes whose GPUs HAMi's device plugin registers (labelled gpu=on instead)
+    gpu_nodes = [n.name for n in backend.spec.nodes if n.profile and not n.device_plugin.hami]
     wait_ready(backend, gpu_nodes, progress)
 
 
