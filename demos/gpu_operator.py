@@ -23,7 +23,6 @@ import datetime as dt
 import threading
 from typing import Any
 
-import httpx
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -40,7 +39,6 @@ from gpulab.informer import NODES, Handlers, Informer, ListWatch
 from gpulab.wait import wait_for
 from harness.apply import MANIFESTS
 from harness.backends import Backend
-from harness.podrunner.network import service_address
 from harness.spec import ClusterSpec
 
 NAMESPACE = "gpu-operator"
@@ -209,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     with OperatorTrace(api, NAMESPACE, also=("default",), nodes=tuple(gpu_nodes)) as live:
         _before(core, spec)
         policy = _create_policy(api, core, spec, live)
-        _metrics(backend, api)
+        _metrics(backend)
         _mig(api, core, spec, live)
         _bad_mig_config(api, core, live)
         _disable_device_plugin(api, core, spec, policy)
@@ -263,22 +261,9 @@ def _create_policy(
     return name
 
 
-def _metrics(backend: Backend, api: client.ApiClient) -> None:
-    svc = client.CoreV1Api(api).read_namespaced_service("nvidia-dcgm-exporter", NAMESPACE)
-    block = getattr(backend, "block", None)
-    if block is not None:  # the local backend serves ClusterIPs on its loopback block
-        address = f"{service_address(block, svc.spec.cluster_ip)}:9400"
-        say(f"curl http://{address}/metrics (the nvidia-dcgm-exporter Service)")
-        fetch = lambda: httpx.get(f"http://{address}/metrics", timeout=5).text  # noqa: E731
-    else:  # elsewhere through the API server's Service proxy
-        service = "services/nvidia-dcgm-exporter:gpu-metrics"
-        path = f"/api/v1/namespaces/{NAMESPACE}/{service}/proxy/metrics"
-        say(f"GET {path}")
-        fetch = lambda: api.call_api(  # noqa: E731
-            path, "GET", auth_settings=["BearerToken"], _return_http_data_only=True,
-            _preload_content=False,
-        ).data.decode()  # fmt: skip
-    text = fetch()
+def _metrics(backend: Backend) -> None:
+    say("GET /metrics from the nvidia-dcgm-exporter Service (port gpu-metrics)")
+    text = backend.service_get(NAMESPACE, "nvidia-dcgm-exporter", "gpu-metrics", "/metrics")
     shown = [
         line
         for line in text.splitlines()

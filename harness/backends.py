@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 from kubernetes import client
 
 from gpulab.kube import api_client
@@ -74,6 +75,14 @@ class Backend(Protocol):
         """Delete a component's pods (on ``node``) and wait for a Ready replacement."""
         ...
 
+    def service_host(self, cluster_ip: str) -> str | None:
+        """Where this host reaches a Service's ClusterIP directly, if it does."""
+        ...
+
+    def service_get(self, namespace: str, name: str, port: str, path: str) -> str:
+        """GET ``path`` from a Service's named port (directly or through the API server)."""
+        ...
+
     def inject_fault(self, node: str, gpu: int, xid: int) -> None:
         """An Xid on one GPU of ``node``, delivered by its NVML shim as an event."""
         ...
@@ -118,6 +127,30 @@ class ClusterAPI:
             )
             .items
         )
+
+    def service_host(self, cluster_ip: str) -> str | None:
+        """Where this host reaches a Service's ClusterIP directly (the local backend serves
+        them on its loopback block); None where only the API server's proxy reaches it."""
+        return None
+
+    def service_get(self, namespace: str, name: str, port: str, path: str) -> str:
+        """GET ``path`` from a Service's named ``port`` (plain HTTP, e.g. /metrics):
+        directly where the host reaches Services, else through the API server's proxy."""
+        api = self.api()
+        svc = client.CoreV1Api(api).read_namespaced_service(name, namespace)
+        host = self.service_host(svc.spec.cluster_ip or "")
+        if host is not None:
+            number = next(p.port for p in svc.spec.ports if p.name == port)
+            return httpx.get(f"http://{host}:{number}{path}", timeout=5).text
+        proxy = f"/api/v1/namespaces/{namespace}/services/{name}:{port}/proxy{path}"
+        response = api.call_api(
+            proxy,
+            "GET",
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+        )
+        return response.data.decode()
 
     def restart(
         self,

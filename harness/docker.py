@@ -339,10 +339,7 @@ class DockerCluster(ClusterAPI):
             raise HarnessError(
                 "the HAMi chapter runs on the local backend (`--backend local --spec hami`)"
             )
-        if name not in addons.LOCAL_ONLY:
-            addons.start(name, self, progress)
-            return
-        self._apply([name], progress)
+        addons.start(name, self, progress)
 
     def _apply(self, dirs: list[str], progress: Progress) -> None:
         from harness.apply import MANIFESTS

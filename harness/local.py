@@ -600,6 +600,9 @@ class LocalCluster(ClusterAPI):
             return []
         return list(json.loads(self._state_file.read_text()).get("addons", []))
 
+    def service_host(self, cluster_ip: str) -> str | None:
+        return network.service_address(self.block, cluster_ip)
+
     def apply_transform(self, dry_run_workloads: bool = False) -> LocalTransform:
         """How manifests meet this cluster (harness/apply.py); ``dry_run_workloads`` for an
         addon whose host processes stand in for its Deployments/DaemonSets."""

@@ -4,9 +4,6 @@ An addon deploys ``manifests/<addon>/`` through the backend (every backend runs 
 manifests: the local backend's pod runner runs the lab's own pods) and then waits until
 the chapter works (e.g. nodes advertise their GPUs); what is left here is what differs
 from a plain apply. Each addon module exposes ``start(backend, progress) -> None``.
-
-Addons whose components still run as host processes of the local backend (``LOCAL_ONLY``)
-start them with ``LocalCluster.start_process`` and dry-run their workloads.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ ADDONS = {
     "volcano": "harness.addons.volcano",
     "gpu-operator": "harness.addons.gpu_operator",
 }
-LOCAL_ONLY: set[str] = set()  # HAMi and Kueue run as pods now
 # addons that deploy a device plugin: their nodes start without GPU capacity (kubelet
 # learns it from the plugin's ListAndWatch)
 DEVICE_PLUGINS = {"device-plugin", "hami", "gpu-operator"}

@@ -28,7 +28,6 @@ from harness.addons import device_plugin
 from harness.apply import MANIFESTS
 from harness.backends import SYSTEM_NAMESPACE, Backend
 from harness.errors import HarnessError
-from harness.podrunner.network import service_address
 
 Progress = Callable[[str], None]
 COMPONENT = "hami-scheduler"  # the Deployment, its pods' app.kubernetes.io/name, the Service
@@ -101,12 +100,9 @@ class Extender:
 def extender(backend: Backend) -> Extender | None:
     """The extender through its Service where the backend serves Service addresses to the
     host (the local backend's loopback block); None elsewhere (kubectl port-forward)."""
-    block = getattr(backend, "block", None)
-    if block is None:
-        return None
     api = backend.api()
     svc = client.CoreV1Api(api).read_namespaced_service(COMPONENT, SYSTEM_NAMESPACE)
-    address = service_address(block, svc.spec.cluster_ip or "")
+    address = backend.service_host(svc.spec.cluster_ip or "")
     if address is None:
         return None
     hook = client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(WEBHOOK)

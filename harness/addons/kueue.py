@@ -14,14 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
 from kubernetes import client
 
 from gpulab.wait import WaitTimeout, wait_for
 from harness.apply import MANIFESTS
 from harness.backends import Backend
 from harness.errors import HarnessError
-from harness.podrunner.network import service_address
 
 Progress = Callable[[str], None]
 NAMESPACE = "kueue-system"
@@ -54,19 +52,4 @@ def start(backend: Backend, progress: Progress) -> None:
 
 def metrics(backend: Backend) -> str:
     """The controller's Prometheus text, scraped through its metrics Service."""
-    api = backend.api()
-    svc = client.CoreV1Api(api).read_namespaced_service(METRICS_SERVICE, NAMESPACE)
-    block = getattr(backend, "block", None)
-    if block is not None:  # the local backend serves ClusterIPs on its loopback block
-        address = service_address(block, svc.spec.cluster_ip)
-        return httpx.get(f"http://{address}:{METRICS_PORT}/metrics", timeout=5).text
-    # elsewhere through the API server's Service proxy
-    path = f"/api/v1/namespaces/{NAMESPACE}/services/{METRICS_SERVICE}:metrics/proxy/metrics"
-    response = api.call_api(
-        path,
-        "GET",
-        auth_settings=["BearerToken"],
-        _return_http_data_only=True,
-        _preload_content=False,
-    )
-    return response.data.decode()
+    return backend.service_get(NAMESPACE, METRICS_SERVICE, "metrics", "/metrics")
