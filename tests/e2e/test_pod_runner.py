@@ -203,7 +203,11 @@ def test_a_crashing_container_backs_off(cluster, namespace) -> None:
     assert status.last_state.terminated.exit_code == 3
     assert "back-off" in status.state.waiting.message
     assert pod.status.phase == "Running"  # restartPolicy Always: kubelet keeps it Running
-    assert any(r == "BackOff" for r, _ in _events(cluster, namespace, "crash"))
+    wait_for(
+        lambda: any(r == "BackOff" for r, _ in _events(cluster, namespace, "crash")),
+        30,
+        "the BackOff Event",
+    )
 
 
 def test_bad_pods_get_a_reason_and_leave_others_alone(cluster, namespace) -> None:
@@ -236,11 +240,20 @@ def test_bad_pods_get_a_reason_and_leave_others_alone(cluster, namespace) -> Non
 
     state = wait_for(lambda: waiting("pvc", "ContainerCreating"), 30, "pvc to wait on its volume")
     assert "persistentVolumeClaim" in state.message and "not supported" in state.message
-    assert any(r == "FailedMount" for r, _ in _events(cluster, namespace, "pvc"))
+    # Events are posted in the background (gpulab/trace.py): wait for them, bounded
+    wait_for(
+        lambda: any(r == "FailedMount" for r, _ in _events(cluster, namespace, "pvc")),
+        30,
+        "the FailedMount Event",
+    )
     wait_for(lambda: waiting("missing", "CrashLoopBackOff"), 60, "missing to back off")
     last = _read(cluster, namespace, "missing").status.container_statuses[0].last_state.terminated
     assert last.reason == "StartError" and "executable file not found" in last.message
-    assert any("no-such-command" in m for _, m in _events(cluster, namespace, "missing"))
+    wait_for(
+        lambda: any("no-such-command" in m for _, m in _events(cluster, namespace, "missing")),
+        30,
+        "an Event naming the missing command",
+    )
     wait_for(lambda: _ready(cluster, namespace, "good"), 60, "the good pod to be Ready anyway")
 
 

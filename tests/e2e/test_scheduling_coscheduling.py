@@ -262,7 +262,7 @@ def test_a_verb_cut_from_the_schedulers_role_is_a_403_and_a_pod_that_is_not_read
 
     def log_of(pod: client.V1Pod) -> str:
         try:
-            return core.read_namespaced_pod_log(pod.metadata.name, SYSTEM_NAMESPACE)
+            return core.read_namespaced_pod_log(pod.metadata.name, SYSTEM_NAMESPACE) or ""
         except ApiException:  # no log file before the process starts
             return ""
 
