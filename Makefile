@@ -39,7 +39,7 @@ lint: venv
 	@$(BIN)/ruff format --check .
 
 test: setup lint chromium
-	@$(BIN)/pytest -ra
+	@$(BIN)/pytest -ra --durations=15
 
 test-unit: venv fake-gpu
 	@$(BIN)/pytest -ra -m "not e2e"

@@ -28,3 +28,29 @@ DEVICE_PLUGINS = {"device-plugin", "hami", "gpu-operator"}
 
 def start(name: str, backend: Any, progress: Callable[[str], None]) -> None:
     importlib.import_module(ADDONS[name]).start(backend, progress)
+
+
+def wait_deployment(
+    backend: Any, namespace: str, name: str, timeout: float, progress: Callable[[str], None]
+) -> None:
+    """Until Deployment ``name`` has an available replica; one line naming what to look at
+    when it does not come."""
+    from kubernetes import client
+
+    from gpulab.wait import WaitTimeout, wait_for
+    from harness.errors import HarnessError
+
+    apps = client.AppsV1Api(backend.api())
+
+    def available() -> bool:
+        status = apps.read_namespaced_deployment(name, namespace).status
+        return (status.available_replicas or 0) >= 1
+
+    progress(f"waiting for the {name} Deployment in {namespace}")
+    try:
+        wait_for(available, timeout, f"the {name} Deployment", 0.5)
+    except WaitTimeout:
+        raise HarnessError(
+            f"the {name} Deployment is not available after {timeout:g}s; see "
+            f"`gpulab kubectl -n {namespace} describe pods` and `... logs deploy/{name}`"
+        ) from None

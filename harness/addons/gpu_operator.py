@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kubernetes import client
-
-from gpulab.wait import WaitTimeout, wait_for
+from harness.addons import wait_deployment
 from harness.apply import MANIFESTS
 from harness.backends import Backend
 from harness.errors import HarnessError
@@ -33,18 +31,5 @@ def start(backend: Backend, progress: Progress) -> None:
             "plugin itself; remove `device-plugin` from its addons"
         )
     backend.apply([MANIFESTS / "gpu-operator"], progress)
-    apps = client.AppsV1Api(backend.api())
-
-    def available() -> bool:
-        status = apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE).status
-        return (status.available_replicas or 0) >= 1
-
-    progress(f"waiting for the {DEPLOYMENT} Deployment in {NAMESPACE}")
-    try:
-        wait_for(available, READY_TIMEOUT, f"the {DEPLOYMENT} Deployment", 0.5)
-    except WaitTimeout:
-        raise HarnessError(
-            f"the {DEPLOYMENT} Deployment is not available after {READY_TIMEOUT:g}s; see "
-            f"`gpulab kubectl -n {NAMESPACE} describe pods` and `... logs deploy/{DEPLOYMENT}`"
-        ) from None
+    wait_deployment(backend, NAMESPACE, DEPLOYMENT, READY_TIMEOUT, progress)
     progress("GPU Operator running: create a ClusterPolicy to deploy its operands")

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kubernetes import client
-
-from gpulab.wait import WaitTimeout, wait_for
+from harness.addons import wait_deployment
 from harness.apply import MANIFESTS
 from harness.backends import Backend
-from harness.errors import HarnessError
 
 Progress = Callable[[str], None]
 NAMESPACE = "kueue-system"
@@ -33,20 +30,7 @@ READY_TIMEOUT = 120.0
 
 def start(backend: Backend, progress: Progress) -> None:
     backend.apply([MANIFEST_DIR], progress)
-    apps = client.AppsV1Api(backend.api())
-
-    def available() -> bool:
-        status = apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE).status
-        return (status.available_replicas or 0) >= 1
-
-    progress(f"waiting for the {DEPLOYMENT} Deployment in {NAMESPACE}")
-    try:
-        wait_for(available, READY_TIMEOUT, f"the {DEPLOYMENT} Deployment", 0.5)
-    except WaitTimeout:
-        raise HarnessError(
-            f"the {DEPLOYMENT} Deployment is not available after {READY_TIMEOUT:g}s; see "
-            f"`gpulab kubectl -n {NAMESPACE} describe pods` and `... logs deploy/{DEPLOYMENT}`"
-        ) from None
+    wait_deployment(backend, NAMESPACE, DEPLOYMENT, READY_TIMEOUT, progress)
     progress(f"kueue: {DEPLOYMENT} Ready in {NAMESPACE}; CRDs, webhooks and metrics served")
 
 
