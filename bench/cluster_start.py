@@ -101,7 +101,7 @@ def section(cs: dict[str, Any]) -> list[str]:
         + ("met." if cs["up_median_s"] <= cs["target_up_s"] else "**not met**."),
         "",
         "Beside the other tools (not run here: no Docker engine): kwok's project page says "
-        "only that kwokctl sets a cluster up \"in seconds\" and creates about 20 nodes or "
+        'only that kwokctl sets a cluster up "in seconds" and creates about 20 nodes or '
         "pods per second; kind's documentation publishes no start time (a kind cluster "
         "boots a node container per node from its node image). Neither figure includes "
         "device plugins registering, which is most of this one.",
