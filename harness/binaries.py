@@ -125,6 +125,10 @@ SCHEDULER_PLUGINS = Component(
     version=SCHEDULER_PLUGINS_VERSION,
     commands={"scheduler-plugins-kube-scheduler": "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
 )
+# Upstream binaries only the e2e tests run (beside the lab's own components, to cross-check
+# them); `gpulab build --test-peers` builds them before the tests, so a first run's build
+# (minutes, with progress) is not charged to one test's timeout.
+TEST_PEERS = (SCHEDULER_PLUGINS,)
 
 Progress = Callable[[str], None]
 
@@ -314,8 +318,19 @@ def _install(archive: Path, release: Release, comp: Component, out_dir: Path) ->
         raise DownloadError(f"{release.url}: not the release archive expected ({exc})") from None
 
 
+def build_test_peers(progress: Progress, force: bool = False) -> None:
+    """Every test peer cached and intact, built from its Go module (no release binary
+    of theirs is pinned)."""
+    for comp in TEST_PEERS:
+        if not verify(comp) and not force:
+            progress(f"{comp.name} {comp.version}: cached in {comp.bin_dir}")
+            continue
+        build(comp, find_go(), progress)
+
+
 def peer_binary(comp: Component, name: str, progress: Progress) -> Path:
-    """A test peer's binary, built (once, then cached) the first time it is asked for."""
+    """A test peer's binary, built (once, then cached) the first time it is asked for
+    (`gpulab build --test-peers` builds it ahead)."""
     if verify(comp):
         build(comp, find_go(), progress)
     return comp.binary(name)

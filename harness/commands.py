@@ -32,6 +32,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="build from the Go modules; do not try the official release binaries",
     )
+    p.add_argument(
+        "--test-peers",
+        action="store_true",
+        help="also build the upstream peers the e2e tests run beside the lab's components "
+        "(scheduler-plugins' kube-scheduler); `make test` does",
+    )
     p.set_defaults(func=cmd_build)
 
     for name, func, text in (
@@ -89,6 +95,8 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     binaries.build_all(progress, force=args.force, from_source=args.from_source)
+    if args.test_peers:
+        binaries.build_test_peers(progress, force=args.force)
     return 0
 
 

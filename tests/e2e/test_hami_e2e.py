@@ -25,7 +25,7 @@ from kubernetes.client.rest import ApiException
 from demos import hami as demo
 from gpulab.fakegpu.profiles import gpu_uuid
 from gpulab.hami import annotations as ha
-from gpulab.hami.score import BINPACK, SPREAD
+from gpulab.hami.score import BINPACK, NODE_POLICY_ANNOTATION, SPREAD
 from gpulab.informer import NODES, PODS, SYNCED, ListWatch, follow
 from gpulab.wait import wait_for
 from harness.addons import hami as hami_addon
@@ -128,15 +128,19 @@ def test_pod_that_fits_no_gpu_stays_pending_with_the_extenders_reason(
 
 def test_fifty_concurrent_vgpu_pods_never_overbook_a_gpu(hami: Cluster, ns: str) -> None:
     rng = random.Random(5)
-    # GPU binpack piles pods onto the fullest card until its shares, memory or cores run
-    # out: every limit is hit while 50 pods race through Filter and Bind.
-    pods = [
-        demo.vgpu_pod(f"c-{i}", rng.randrange(1000, 6000, 500), rng.randrange(5, 30, 5), BINPACK)
-        for i in range(50)
-    ]
+    # GPU binpack piles pods onto the fullest card of a node until its shares, memory or
+    # cores run out: every limit is hit while 50 pods race through Filter and Bind. Node
+    # spread (the pod's hami.io/node-scheduler-policy) deals them over all three nodes, so
+    # three node locks are in play at once and their Binds run concurrently; under node
+    # binpack all 50 would queue for one node's lock, one pod per Allocate (minutes).
+    pods = []
+    for i in range(50):
+        pod = demo.vgpu_pod(
+            f"c-{i}", rng.randrange(1000, 6000, 500), rng.randrange(5, 30, 5), BINPACK
+        )
+        pod["metadata"]["annotations"][NODE_POLICY_ANNOTATION] = SPREAD
+        pods.append(pod)
     create_concurrently(hami.api, ns, pods)
-    # binpack sends them all to one node: its lock lets one pod at a time from Bind to
-    # Allocate, the others' Binds fail and kube-scheduler retries them after a back-off
     wait_for(
         lambda: all(
             demo.allocated(p) for p in all_pods(hami.api) if p["metadata"]["namespace"] == ns
@@ -145,6 +149,8 @@ def test_fifty_concurrent_vgpu_pods_never_overbook_a_gpu(hami: Cluster, ns: str)
         "50 pods bound and allocated",
         interval=1.0,
     )
+    placed = [p for p in all_pods(hami.api) if p["metadata"]["namespace"] == ns]
+    assert len({p["spec"]["nodeName"] for p in placed}) == 3  # every node lock was contended
     usage = assert_within_capacity(hami.api)
     cards = demo.registered_gpus(hami.api)
     # binpack really filled cards to a limit (else the capacity check proved nothing)
@@ -289,10 +295,19 @@ def test_init_container_gets_the_first_slot(hami: Cluster, ns: str) -> None:
     assert demo.annotations(done)[ha.DEVICES_ALLOCATED] == (
         f"{card},NVIDIA,8000,30:;{card},NVIDIA,3000,30:;"
     )
-    envs = {
-        c: json.loads(demo.annotations(done)[f"gpulab.io/allocate-{c}"])["envs"]
-        for c in ("warmup", "cuda")
-    }
+    # the device plugin marks bind-phase success inside Allocate; the node agent records
+    # each container's Allocate response (its checkpoint) just after: wait for both
+    keys = {c: f"gpulab.io/allocate-{c}" for c in ("warmup", "cuda")}
+    recorded = wait_for(
+        lambda: (
+            (a := demo.annotations(demo.read_pod(hami.api, ns, "with-init")))
+            and all(k in a for k in keys.values())
+            and a
+        ),
+        30,
+        "the node agent's record of both containers' Allocate",
+    )
+    envs = {c: json.loads(recorded[k])["envs"] for c, k in keys.items()}
     assert envs["warmup"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "8000m"
     assert envs["cuda"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
 
