@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
-.PHONY: setup venv fake-gpu binaries lint test test-unit test-e2e bench down status clean \
+.PHONY: setup venv fake-gpu binaries test-peers lint test test-unit test-e2e bench down status clean \
         demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
         test-dashboard bench-dashboard \
         demo-coscheduling demo-numa demo-volcano demo-gpu-operator \
@@ -34,17 +34,23 @@ fake-gpu:
 binaries: venv
 	@$(GPULAB) build
 
+# upstream binaries only the e2e tests run (scheduler-plugins' kube-scheduler), cached
+test-peers: venv
+	@$(GPULAB) build --test-peers
+
 lint: venv
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 
-test: setup lint chromium
-	@$(BIN)/pytest -ra --durations=15
+# Two pytest-xdist workers: one runs the e2e tests in order (their clusters one at a time),
+# the other the unit and component tests meanwhile (tests/e2e/conftest.py groups them).
+test: setup test-peers lint chromium
+	@$(BIN)/pytest -n 2 --dist loadgroup -ra --durations=15
 
 test-unit: venv fake-gpu
 	@$(BIN)/pytest -ra -m "not e2e"
 
-test-e2e: setup
+test-e2e: setup test-peers
 	@$(BIN)/pytest -ra -m e2e
 
 bench: setup

@@ -1,11 +1,12 @@
 """e2e fixtures: one lab cluster (harness/clusters/e2e.yaml) for the session, through the
 lab's pytest-kubernetes cluster manager (harness/pytest_plugin.py).
 
-Every test in this directory is marked `e2e`; `make test` runs them after the unit and
-component tests, on the local backend: real kube-apiserver / controller-manager /
-scheduler and kwok. `--gpulab-backend kind` runs them on kind, `--k8s-kubeconfig-override
-PATH` (or `--gpulab-kubeconfig PATH`) on an existing cluster brought up from the e2e spec;
-tests marked `local_backend` (host processes, fault files) are skipped there.
+Every test in this directory is marked `e2e`; `make test` runs them in order on one
+pytest-xdist worker while a second worker runs the unit and component tests, on the local
+backend: real kube-apiserver / controller-manager / scheduler and kwok.
+`--gpulab-backend kind` runs them on kind, `--k8s-kubeconfig-override PATH` (or
+`--gpulab-kubeconfig PATH`) on an existing cluster brought up from the e2e spec; tests
+marked `local_backend` (host processes, fault files) are skipped there.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
+            # under `pytest -n 2 --dist loadgroup` (make test) all e2e tests are one unit of
+            # work: one worker runs them in order, one cluster at a time, while the other
+            # runs the unit and component tests
+            item.add_marker(pytest.mark.xdist_group("e2e"))
 
 
 @contextlib.contextmanager
@@ -69,6 +74,16 @@ def fresh_namespace(api: client.ApiClient, prefix: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     with running_cluster("e2e", lab_options(request.config)) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def scheduling_e2e() -> Iterator[Cluster]:
+    """The scheduling chapter's cluster (harness/clusters/scheduling-e2e.yaml), shared by
+    its four test modules: one start instead of four. Each module undoes what it changes
+    (node taints, peer schedulers, RBAC) and each test's namespace is empty before the
+    next starts."""
+    with running_cluster("scheduling-e2e") as c:
         yield c
 
 

@@ -7,12 +7,12 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from conftest import Cluster, running_cluster
+from conftest import Cluster
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -21,15 +21,9 @@ from gpulab.schedulerplugins.apis import POD_GROUP_LABEL
 from gpulab.wait import wait_for
 from harness.ports import free_port
 
-SPEC = "scheduling-e2e"
 RECORDED = "cross-check: recorded by the test's extender"
 SCHEDULER = "gpulab-scheduler"
 Obj = dict[str, Any]
-
-
-def scheduling_cluster() -> Iterator[Cluster]:
-    with running_cluster(SPEC) as c:
-        yield c
 
 
 def create_pod(api: client.ApiClient, pod: Mapping[str, Any]) -> Obj:

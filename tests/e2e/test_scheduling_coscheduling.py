@@ -20,7 +20,6 @@ from scheduling_helpers import (
     GangWatch,
     create_pod,
     events_about,
-    scheduling_cluster,
     wait_bound,
     wait_event,
 )
@@ -36,8 +35,8 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    yield from scheduling_cluster()
+def cluster(scheduling_e2e: Cluster) -> Cluster:
+    return scheduling_e2e
 
 
 @pytest.fixture

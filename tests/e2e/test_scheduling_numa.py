@@ -18,7 +18,6 @@ from scheduling_helpers import (
     SCHEDULER,
     create_pod,
     read_pod,
-    scheduling_cluster,
     wait_bound,
     wait_event,
 )
@@ -34,8 +33,8 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    yield from scheduling_cluster()
+def cluster(scheduling_e2e: Cluster) -> Cluster:
+    return scheduling_e2e
 
 
 @pytest.fixture

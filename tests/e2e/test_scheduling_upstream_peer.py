@@ -28,7 +28,6 @@ from scheduling_helpers import (
     create_pod,
     events_about,
     read_pod,
-    scheduling_cluster,
     start_peer_scheduler,
     wait_bound,
 )
@@ -46,8 +45,8 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    yield from scheduling_cluster()
+def cluster(scheduling_e2e: Cluster) -> Cluster:
+    return scheduling_e2e
 
 
 @pytest.fixture(scope="module")
