@@ -1083,9 +1083,6 @@ def podgroup_chain(objs: ObjectSet, t: Target) -> list[Link]:
         )
     ]
     pending = [p for p in members if not spec(p).get("nodeName")]
-    volcano_pg = find(objs.volcano_podgroups, t.name, t.namespace)
-    if volcano_pg is not None and status(volcano_pg).get("phase") in ("", "Pending"):
-        pending = []  # vc-scheduler's allocate looks at a gang's pods only once it is Inqueue
     if pending and all(link.state != BROKEN for link in links):
         links += [
             replace_name(link, f"pod {name_of(pending[0])}: {link.name}")
