@@ -8,7 +8,9 @@ The chain of a GPU pod, in the order a request travels it::
                 behind its selector)
     queue       Kueue (Workload QuotaReserved/Admitted, its LocalQueue, the ClusterQueue's
                 Active condition and reason, ResourceFlavors), Volcano (PodGroup phase,
-                the gang's Unschedulable message, its Queue's state), Coscheduling
+                the gang's Unschedulable message, its Queue's state and capability,
+                enqueue's refusal, a gang smaller than its vcjob's world - job plugin
+                pytorch / mpi / tensorflow -, Unknown and the job's policy), Coscheduling
                 (PodGroup phase, members against minMember, the Permit wait)
     scheduler   spec.schedulerName: does that scheduler run and answer (its Events)
     filter      why each node was refused: kube-scheduler's FailedScheduling summary,
@@ -674,6 +676,12 @@ def volcano_podgroup_link(objs: ObjectSet, ns: str, name: str) -> Link:
             fix=f"open it again: `vcctl queue operate -n {queue_name} -a open` (a "
             "bus.volcano.sh Command OpenQueue)",
         )
+    bound = sum(1 for p in volcano_members(objs, pg) if spec(p).get("nodeName"))
+    if phase == "Inqueue" and bound >= int(spec(pg).get("minMember") or 1):
+        # getPodGroupPhase counts Bound/Running tasks, not Binding ones: the session that
+        # binds a gang leaves it Inqueue, the next one writes Running
+        evidence.append(f"{bound} member(s) bound: Running from vc-scheduler's next session")
+        phase = "Running"
     if phase in ("Running", "Unknown"):
         half = _half_world(objs, pg, evidence)
         if half is not None:

@@ -114,8 +114,16 @@ def running_count(pods: list[client.V1Pod], gang: str) -> int:
 
 
 def _split(api: client.ApiClient) -> bool:
-    """Both gangs half placed: 2 running and 2 Pending members each, the Pending ones
-    reported on by vc-scheduler (PodScheduled=False)."""
+    """Both gangs half placed: PodGroups Running (written the session after the binds),
+    2 running and 2 Pending members each, the Pending ones reported on by vc-scheduler
+    (PodScheduled=False)."""
+    groups = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        apis.SCHEDULING_GROUP, apis.SCHEDULING_VERSION, NS, "podgroups"
+    )["items"]
+    if len(groups) != len(GANGS) or any(
+        (g.get("status") or {}).get("phase") != apis.PG_RUNNING for g in groups
+    ):
+        return False
     pods = client.CoreV1Api(api).list_namespaced_pod(NS).items
     for gang in GANGS:
         mine = members(pods, gang)

@@ -540,3 +540,17 @@ def test_a_gang_kept_out_while_a_half_gang_holds_the_queue_is_not_just_waiting()
             p["status"] = {"phase": "Pending"}
     links = {link.name: link for link in diagnose(objs).links}
     assert links["volcano"].state != "waiting"
+
+
+def test_a_gang_bound_in_the_last_session_is_not_blamed_for_its_inqueue_phase() -> None:
+    """Upstream's getPodGroupPhase counts Bound and Running tasks, not Binding ones: the
+    session that binds a gang leaves its PodGroup Inqueue, with a gang message from
+    before the binds. Its bound members are healthy; a half world is still named."""
+    objs, pg, _job = _volcano_lab()
+    pg["status"]["phase"] = "Inqueue"
+    assert diagnose(objs).broken.summary.startswith(f"gang {pg['metadata']['namespace']}/")
+    assert "2 of a 4-rank world" in diagnose(objs).broken.summary
+    for j in objs.volcano_jobs:
+        j["spec"].pop("plugins", None)
+    links = {link.name: link for link in diagnose(objs).links}
+    assert links["volcano"].state == OK
