@@ -14,7 +14,8 @@ GPULAB := $(BIN)/gpulab
         demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
         test-dashboard bench-dashboard \
         demo-coscheduling demo-numa demo-volcano demo-gpu-operator \
-        lab-unschedulable lab-device-plugin lab-gang-deadlock lab-queue-quota lab-mig
+        lab-unschedulable lab-device-plugin lab-gang-deadlock lab-gang-deadlock-volcano \
+        lab-queue-quota lab-mig
 
 setup: venv fake-gpu binaries dashboard-web
 
@@ -81,9 +82,9 @@ demo-gpu-operator: setup
 	@$(GPULAB) demo gpu-operator --backend local --spec gpu-operator
 
 # Troubleshooting labs (harness/labs, docs/workshop.md): each breaks its chapter on the
-# labs cluster (--spec labs; lab-mig: --spec labs-mig) and prints the symptom; then
-# `gpulab lab hint|check|stop NAME`.
-LABS := unschedulable device-plugin gang-deadlock queue-quota mig
+# labs cluster (--spec labs; lab-mig: --spec labs-mig; lab-gang-deadlock-volcano:
+# --spec labs-volcano) and prints the symptom; then `gpulab lab hint|check|stop NAME`.
+LABS := unschedulable device-plugin gang-deadlock gang-deadlock-volcano queue-quota mig
 
 $(addprefix lab-,$(LABS)): lab-%: setup
 	@$(GPULAB) lab start $* --backend local

@@ -8,7 +8,9 @@ The chain of a GPU pod, in the order a request travels it::
                 behind its selector)
     queue       Kueue (Workload QuotaReserved/Admitted, its LocalQueue, the ClusterQueue's
                 Active condition and reason, ResourceFlavors), Volcano (PodGroup phase,
-                the gang's Unschedulable message, its Queue's state), Coscheduling
+                the gang's Unschedulable message, its Queue's state and capability,
+                enqueue's refusal, a gang smaller than its vcjob's world - job plugin
+                pytorch / mpi / tensorflow -, Unknown and the job's policy), Coscheduling
                 (PodGroup phase, members against minMember, the Permit wait)
     scheduler   spec.schedulerName: does that scheduler run and answer (its Events)
     filter      why each node was refused: kube-scheduler's FailedScheduling summary,
@@ -187,10 +189,28 @@ def pod_chain(objs: ObjectSet, pod: Obj) -> list[Link]:
         node = find(objs.nodes, str(spec(pod)["nodeName"]))
         links.append(_bound_node_link(objs, pod, node))
         links.append(kubelet_link(objs, pod))
+    elif _volcano_not_admitted(objs, pod):
+        links.append(
+            Link(
+                "filter",
+                WAITING,
+                "not tried: vc-scheduler's allocate looks at a gang's pods only once enqueue "
+                "has let its PodGroup in (Inqueue)",
+            )
+        )
+        links.append(Link("node", SKIPPED, "not scheduled yet"))
     else:
         filt, node = filter_and_node_links(objs, pod)
         links += [filt, node]
     return links
+
+
+def _volcano_not_admitted(objs: ObjectSet, pod: Obj) -> bool:
+    group = annotations(pod).get(VOLCANO_GROUP)
+    if not group or spec(pod).get("schedulerName") != "volcano":
+        return False
+    pg = find(objs.volcano_podgroups, group, ns_of(pod))
+    return pg is not None and status(pg).get("phase") in ("", "Pending")
 
 
 def _placement(pod: Obj) -> list[str]:
@@ -656,6 +676,18 @@ def volcano_podgroup_link(objs: ObjectSet, ns: str, name: str) -> Link:
             fix=f"open it again: `vcctl queue operate -n {queue_name} -a open` (a "
             "bus.volcano.sh Command OpenQueue)",
         )
+    bound = sum(1 for p in volcano_members(objs, pg) if spec(p).get("nodeName"))
+    if phase == "Inqueue" and bound >= int(spec(pg).get("minMember") or 1):
+        # getPodGroupPhase counts Bound/Running tasks, not Binding ones: the session that
+        # binds a gang leaves it Inqueue, the next one writes Running
+        evidence.append(f"{bound} member(s) bound: Running from vc-scheduler's next session")
+        phase = "Running"
+    if phase in ("Running", "Unknown"):
+        half = _half_world(objs, pg, evidence)
+        if half is not None:
+            return half
+    if phase == "Unknown":
+        return _unknown_gang(objs, pg, evidence)
     if phase in ("Running", "Completed"):
         return Link("volcano", OK, f"PodGroup {ns}/{name} {phase}", evidence)
     notes = [
@@ -679,6 +711,9 @@ def volcano_podgroup_link(objs: ObjectSet, ns: str, name: str) -> Link:
             fix=f"raise Queue {queue_name}'s spec.capability, or make the job smaller "
             "(minAvailable x each task's request)",
         )
+    waits = _enqueue_wait(objs, pg, queue, evidence) if phase in ("", "Pending") else None
+    if waits is not None:
+        return waits
     if notes:
         return Link(
             "volcano",
@@ -689,6 +724,210 @@ def volcano_podgroup_link(objs: ObjectSet, ns: str, name: str) -> Link:
             "once), or lower minAvailable if the job can start with fewer",
         )
     return Link("volcano", WAITING, f"PodGroup {ns}/{name} {phase or 'Pending'}", evidence)
+
+
+# vcjob plugins that give a job a fixed world (volcano v1.15.1 pkg/controllers/job/plugins/
+# distributed-framework): each role's flag and default task name. pytorch: WORLD_SIZE =
+# master + worker replicas; mpi: the hostfile of every worker, launched from the master;
+# tensorflow: TF_CONFIG's cluster spec of ps, worker, chief and evaluator.
+WORLD_PLUGINS = {
+    "pytorch": (("master", "master"), ("worker", "worker")),
+    "mpi": (("master", "master"), ("worker", "worker")),
+    "tensorflow": (
+        ("ps", "ps"),
+        ("worker", "worker"),
+        ("chief", "chief"),
+        ("evaluator", "evaluator"),
+    ),
+}
+VOLCANO_JOB_NAME = "volcano.sh/job-name"
+QUEUE_INSUFFICIENT = "queue resource quota insufficient"  # proportion's enqueue refusal
+
+
+def volcano_job_of(objs: ObjectSet, pg: Obj) -> Obj | None:
+    """The vcjob whose controller made the PodGroup (its controller reference)."""
+    for ref in meta(pg).get("ownerReferences") or []:
+        if ref.get("kind") == "Job" and str(ref.get("apiVersion", "")).startswith("batch.volcano"):
+            return find(objs.volcano_jobs, str(ref.get("name")), ns_of(pg))
+    return None
+
+
+def job_world(job: Obj) -> tuple[str, int, str] | None:
+    """(plugin, world size, its parts) when a plugin of the vcjob makes a fixed world of
+    ranks: every one of them must run before any trains."""
+    plugins = spec(job).get("plugins") or {}
+    replicas = {
+        str(t.get("name")): int(t.get("replicas") or 0) for t in spec(job).get("tasks") or []
+    }
+    for plugin, roles in WORLD_PLUGINS.items():
+        if plugin not in plugins:
+            continue
+        args = [str(a) for a in plugins.get(plugin) or []]
+        names = []
+        for flag, default in roles:
+            given = [a.split("=", 1)[1] for a in args if a.startswith(f"--{flag}=")]
+            names.append(given[-1] if given else default)
+        parts = [(n, replicas[n]) for n in dict.fromkeys(names) if replicas.get(n)]
+        world = sum(r for _, r in parts)
+        if world:
+            return plugin, world, " + ".join(f"{n} {r}" for n, r in parts)
+    return None
+
+
+def volcano_members(objs: ObjectSet, pg: Obj) -> list[Obj]:
+    """The PodGroup's live pods (its scheduling.k8s.io/group-name annotation)."""
+    return [
+        p
+        for p in objs.pods
+        if ns_of(p) == ns_of(pg)
+        and annotations(p).get(VOLCANO_GROUP) == name_of(pg)
+        and not meta(p).get("deletionTimestamp")
+        and status(p).get("phase") not in ("Succeeded", "Failed")
+    ]
+
+
+def _pending_reason(objs: ObjectSet, pods: list[Obj]) -> str:
+    """Why the first Pending member fits nowhere: the nodes its selector allows, with
+    what each lacks (the Filter re-derived), else vc-scheduler's PodScheduled message."""
+    if not pods:
+        return "none Pending"
+    verdicts = [v for v in node_verdicts(objs, pods[0]) if "selector" not in v.fails]
+    if verdicts and all(v.fails for v in verdicts):
+        return "; ".join(f"{v.node}: {next(iter(v.fails.values()))}" for v in verdicts[:4])
+    c = condition(pods[0], "PodScheduled")
+    return str(c.get("message") or "not placed yet")
+
+
+def _half_world(objs: ObjectSet, pg: Obj, evidence: list[str]) -> Link | None:
+    """A gang smaller than its job's world: Volcano commits it at minMember and is done;
+    its ranks wait for the rest of the world, holding their GPUs."""
+    job = volcano_job_of(objs, pg)
+    world = job_world(job) if job is not None else None
+    if job is None or world is None:
+        return None
+    plugin, size, parts = world
+    min_member = int(spec(pg).get("minMember") or 1)
+    members = volcano_members(objs, pg)
+    pending = [p for p in members if not spec(p).get("nodeName")]
+    running = len(members) - len(pending)
+    if min_member >= size or not pending or not running:
+        return None
+    ns, name, job_name = ns_of(pg), name_of(pg), name_of(job)
+    reason = _pending_reason(objs, pending)
+    evidence += [
+        f"vcjob {ns}/{job_name}: minAvailable {spec(job).get('minAvailable')}, plugin {plugin}: "
+        f"world {parts} = {size}",
+        f"{running} member(s) bound, {len(pending)} Pending: {reason}",
+    ]
+    others = []
+    for other in objs.volcano_podgroups:
+        if other is pg or status(other).get("phase") not in ("Running", "Unknown"):
+            continue
+        theirs = volcano_members(objs, other)
+        bound = sum(1 for p in theirs if spec(p).get("nodeName"))
+        if bound and bound < len(theirs):
+            owner = volcano_job_of(objs, other)
+            others.append(f"{name_of(owner) if owner else name_of(other)} ({bound}/{len(theirs)})")
+    held = f"; half of another job holds the rest: {', '.join(others)}" if others else ""
+    size_patch = json.dumps({"spec": {"minAvailable": size}}, separators=(",", ":"))
+    fix = (
+        f"make the gang the world: `kubectl -n {ns} patch vcjob {job_name} --type merge -p "
+        f"'{size_patch}'`"
+        + (f" (and {', '.join(o.split(' ')[0] for o in others)})" if others else "")
+        + ". Volcano then marks the half gang Unknown; "
+        + (
+            "the job's policy (Unknown -> RestartJob) restarts it, and enqueue lets one whole "
+            "gang in at a time"
+            if _has_policy(job, "Unknown")
+            else "a vcjob without an `Unknown` policy waits for you: restart it "
+            f"(`vcctl job suspend -N {job_name} -n {ns}`, then `vcctl job resume`)"
+        )
+    )
+    return Link(
+        "volcano",
+        BROKEN,
+        f"gang {ns}/{name} is {min_member} of a {size}-rank world: Volcano committed it at "
+        f"minMember {min_member} ({status(pg).get('phase')}), but the {plugin} plugin's world "
+        f"is {parts}; {running} rank(s) hold their GPUs waiting for {len(pending)} Pending "
+        f"({reason}){held}",
+        evidence,
+        fix=fix,
+    )
+
+
+def _has_policy(job: Obj, event: str) -> bool:
+    for policy in spec(job).get("policies") or []:
+        events = [*(policy.get("events") or []), policy.get("event")]
+        if (event in events or "*" in events) and policy.get("action") == "RestartJob":
+            return True
+    return False
+
+
+def _unknown_gang(objs: ObjectSet, pg: Obj, evidence: list[str]) -> Link:
+    """PodGroup phase Unknown: members run, the rest of minMember cannot be placed."""
+    ns, name = ns_of(pg), name_of(pg)
+    members = volcano_members(objs, pg)
+    pending = [p for p in members if not spec(p).get("nodeName")]
+    running = len(members) - len(pending)
+    min_member = int(spec(pg).get("minMember") or 1)
+    job = volcano_job_of(objs, pg)
+    why = _pending_reason(objs, pending)
+    summary = (
+        f"gang {ns}/{name} is Unknown: {running} of minMember {min_member} run, "
+        f"{len(pending)} cannot be placed ({why}); Volcano leaves such a gang to its job's "
+        "controller"
+    )
+    if job is not None and _has_policy(job, "Unknown"):
+        return Link(
+            "volcano",
+            WAITING,
+            summary + f": vcjob {name_of(job)}'s policy (Unknown -> RestartJob) restarts it",
+            evidence,
+        )
+    return Link(
+        "volcano",
+        BROKEN,
+        summary,
+        evidence,
+        fix="free what the Pending members need, or restart the job whole (`vcctl job suspend` "
+        "then `resume`); a vcjob created with the policy {event: Unknown, action: RestartJob} "
+        "does that itself (policies are fixed at creation)",
+    )
+
+
+def _enqueue_wait(objs: ObjectSet, pg: Obj, queue: Obj, evidence: list[str]) -> Link | None:
+    """A Pending gang that enqueue keeps out because whole gangs in its queue hold the
+    room: it waits its turn (nothing is wrong)."""
+    ns, name = ns_of(pg), name_of(pg)
+    refusals = [
+        e
+        for e in events_about(objs.events, "PodGroup", name, ns)
+        if e.get("reason") == "Unschedulable" and message(e).startswith(QUEUE_INSUFFICIENT)
+    ]
+    if not refusals:
+        return None
+    queue_name = name_of(queue)
+    holders = []
+    for other in objs.volcano_podgroups:
+        if other is pg or str(spec(other).get("queue") or "default") != queue_name:
+            continue
+        if status(other).get("phase") != "Running":
+            continue
+        theirs = volcano_members(objs, other)
+        bound = sum(1 for p in theirs if spec(p).get("nodeName"))
+        if bound < len(theirs) or not theirs:
+            return None  # a partly placed gang holds room: not simply a turn to wait for
+        holders.append(f"{ns_of(other)}/{name_of(other)} ({bound} running)")
+    if not holders:
+        return None
+    evidence.append(f"enqueue: {message(refusals[-1])}")
+    return Link(
+        "volcano",
+        WAITING,
+        f"gang {ns}/{name} waits in enqueue: Queue {queue_name} has no room for its "
+        f"minResources while {', '.join(holders)} run; it is let in when they finish",
+        evidence,
+    )
 
 
 def _over_capability(pg: Obj, queue: Obj) -> str:

@@ -60,9 +60,11 @@ class ObjectSet:
     local_queues: list[Obj] = field(default_factory=list)
     cluster_queues: list[Obj] = field(default_factory=list)
     resource_flavors: list[Obj] = field(default_factory=list)
-    # Volcano (scheduling.volcano.sh/v1beta1) and Coscheduling (scheduling.x-k8s.io/v1alpha1)
+    # Volcano (scheduling.volcano.sh/v1beta1; vcjobs batch.volcano.sh/v1alpha1) and
+    # Coscheduling (scheduling.x-k8s.io/v1alpha1)
     volcano_podgroups: list[Obj] = field(default_factory=list)
     volcano_queues: list[Obj] = field(default_factory=list)
+    volcano_jobs: list[Obj] = field(default_factory=list)  # batch.volcano.sh/v1alpha1 Jobs
     coscheduling_podgroups: list[Obj] = field(default_factory=list)
     probes: dict[str, str] = field(default_factory=dict)
     # API groups the cluster serves (a chapter not installed is not a broken link)

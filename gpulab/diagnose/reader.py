@@ -27,6 +27,7 @@ CUSTOM = (
     ("resource_flavors", "kueue.x-k8s.io", "v1beta2", "resourceflavors", False),
     ("volcano_podgroups", "scheduling.volcano.sh", "v1beta1", "podgroups", True),
     ("volcano_queues", "scheduling.volcano.sh", "v1beta1", "queues", False),
+    ("volcano_jobs", "batch.volcano.sh", "v1alpha1", "jobs", True),
     ("coscheduling_podgroups", "scheduling.x-k8s.io", "v1alpha1", "podgroups", True),
 )
 MIG_PARTED_CONFIGMAP = "default-mig-parted-config"

@@ -35,6 +35,7 @@ LABS = {
     "unschedulable": "harness.labs.unschedulable",
     "device-plugin": "harness.labs.device_plugin",
     "gang-deadlock": "harness.labs.gang_deadlock",
+    "gang-deadlock-volcano": "harness.labs.gang_deadlock_volcano",
     "queue-quota": "harness.labs.queue_quota",
     "mig": "harness.labs.mig",
 }

@@ -49,7 +49,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
     if args.action == "list":
         for name in LABS:
-            console.print(f"{name:<16} {load(name).summary}")
+            console.print(f"{name:<22} {load(name).summary}")
         return 0
     if args.name is None:
         raise HarnessError(f"gpulab lab {args.action} NAME: name a lab ({', '.join(LABS)})")

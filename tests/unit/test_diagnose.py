@@ -44,6 +44,13 @@ BROKEN_CASES = [
     ("mig-batch-not-paused", "node", ["is not the GPU Operator's", "did not pause it"]),
     # the Volcano demo's job larger than its queue (make demo-volcano)
     ("volcano-too-big", "volcano", ["needs 8 nvidia.com/gpu", "capability 4"]),
+    # lab-gang-deadlock-volcano (its own cluster, labs-volcano): the PodGroup, a running rank
+    (
+        "gang-deadlock-volcano-train-a",
+        "volcano",
+        ["2 of a 4-rank world", "master 1 + worker 3", "train-b (2/4)", "Insufficient nvidia"],
+    ),
+    ("gang-deadlock-volcano-rank", "volcano", ["2 rank(s) hold their GPUs", "train-a (2/4)"]),
 ]
 # Running pods of the lab's fixed states and of each chapter's demo, on the demo's own
 # cluster: default (cluster, device plugin with MIG, Kueue), hami, volcano
@@ -442,3 +449,108 @@ def test_the_operators_own_plugin_restarting_on_a_new_layout_is_waiting() -> Non
     node = next(link for link in report.links if link.name == "node")
     assert node.state == "waiting", report.answer()
     assert "restarting on the all-1g.10gb layout" in node.summary
+
+
+# ---------------------------------------------------------------- Volcano gangs
+
+
+def _volcano_lab(fixture: str = "gang-deadlock-volcano-train-a") -> tuple[ObjectSet, dict, dict]:
+    """lab-gang-deadlock-volcano's broken state: the set, train-a's PodGroup and vcjob."""
+    objs = load(fixture)
+    pg = next(p for p in objs.volcano_podgroups if p["metadata"]["name"].startswith("train-a-"))
+    job = next(j for j in objs.volcano_jobs if j["metadata"]["name"] == "train-a")
+    return objs, pg, job
+
+
+def test_the_half_world_fix_names_the_minavailable_patch_and_the_policy() -> None:
+    first = diagnose(load("gang-deadlock-volcano-train-a")).broken
+    assert first is not None
+    assert """patch vcjob train-a --type merge -p '{"spec":{"minAvailable":4}}'""" in first.fix
+    assert "(and train-b)" in first.fix and "Unknown -> RestartJob" in first.fix
+    assert any("plugin pytorch: world master 1 + worker 3 = 4" in e for e in first.evidence)
+
+
+def test_a_half_world_without_an_unknown_policy_is_told_to_restart_the_job() -> None:
+    objs, _pg, job = _volcano_lab()
+    job["spec"]["policies"] = [{"event": "PodEvicted", "action": "RestartJob"}]
+    first = diagnose(objs).broken
+    assert first is not None and first.name == "volcano"
+    assert "vcctl job suspend -N train-a" in first.fix
+
+
+def test_an_elastic_job_without_a_fixed_world_is_not_a_half_gang() -> None:
+    """The same shape (Running at minMember 2, 2 members Pending) without a job plugin
+    that fixes the world - the Volcano demo's elastic a-train: the gang is what the job
+    needs, Volcano is right."""
+    objs, _pg, job = _volcano_lab()
+    for j in objs.volcano_jobs:
+        j["spec"].pop("plugins", None)
+    links = {link.name: link for link in diagnose(objs).links}
+    assert links["volcano"].state == OK
+    assert job["spec"]["minAvailable"] == 2
+
+
+@pytest.mark.parametrize(
+    ("policy", "state"),
+    [({"event": "Unknown", "action": "RestartJob"}, "waiting"), (None, BROKEN)],
+)
+def test_an_unknown_podgroup(policy: dict | None, state: str) -> None:
+    """Phase Unknown: members run, the rest of minMember cannot be placed (the lab's
+    jobs right after minAvailable went to 4). Volcano waits for the job's controller:
+    with an Unknown policy that is in progress, without one nothing recovers it."""
+    objs, pg, job = _volcano_lab()
+    pg["spec"]["minMember"] = 4
+    pg["status"]["phase"] = "Unknown"
+    job["spec"]["minAvailable"] = 4
+    job["spec"]["policies"] = [policy] if policy else []
+    links = {link.name: link for link in diagnose(objs).links}
+    link = links["volcano"]
+    assert link.state == state, link.summary
+    assert "is Unknown: 2 of minMember 4 run, 2 cannot be placed" in link.summary
+    if policy is None:
+        assert "{event: Unknown, action: RestartJob}" in link.fix
+
+
+def test_the_gang_enqueue_keeps_out_is_waiting_its_turn() -> None:
+    """After the fix: one job whole, the other's PodGroup Pending because its queue has no
+    room (proportion's "queue resource quota insufficient"): waiting, not broken, and its
+    pods are not blamed on the Filter (allocate never looked at them)."""
+    objs = load("gang-deadlock-volcano-fixed-waiting")
+    report = diagnose(objs)
+    assert report.broken is None, report.answer()
+    link = report.links[0]
+    assert link.state == "waiting" and "waits in enqueue" in link.summary
+    names = {link.name: link for link in report.links}
+    assert names["pod train-a-master-0: filter"].state == "waiting"  # not tried yet
+    assert "train-b-" in link.summary and "(4 running)" in link.summary
+    pod = next(p for p in objs.pods if p["metadata"]["name"] == "train-a-worker-0")
+    objs.target = Target("pod", "train-a-worker-0", pod["metadata"]["namespace"])
+    links = {link.name: link for link in diagnose(objs).links}
+    assert links["filter"].state == "waiting" and "enqueue" in links["filter"].summary
+
+
+def test_a_gang_kept_out_while_a_half_gang_holds_the_queue_is_not_just_waiting() -> None:
+    objs = load("gang-deadlock-volcano-fixed-waiting")
+    winner = next(p for p in objs.volcano_podgroups if p["metadata"]["name"].startswith("train-b-"))
+    group = winner["metadata"]["name"]
+    for p in objs.pods:
+        member = (p["metadata"].get("annotations") or {}).get("scheduling.k8s.io/group-name")
+        if member == group and p["metadata"]["name"].endswith("-2"):
+            p["spec"].pop("nodeName", None)
+            p["status"] = {"phase": "Pending"}
+    links = {link.name: link for link in diagnose(objs).links}
+    assert links["volcano"].state != "waiting"
+
+
+def test_a_gang_bound_in_the_last_session_is_not_blamed_for_its_inqueue_phase() -> None:
+    """Upstream's getPodGroupPhase counts Bound and Running tasks, not Binding ones: the
+    session that binds a gang leaves its PodGroup Inqueue, with a gang message from
+    before the binds. Its bound members are healthy; a half world is still named."""
+    objs, pg, _job = _volcano_lab()
+    pg["status"]["phase"] = "Inqueue"
+    assert diagnose(objs).broken.summary.startswith(f"gang {pg['metadata']['namespace']}/")
+    assert "2 of a 4-rank world" in diagnose(objs).broken.summary
+    for j in objs.volcano_jobs:
+        j["spec"].pop("plugins", None)
+    links = {link.name: link for link in diagnose(objs).links}
+    assert links["volcano"].state == OK

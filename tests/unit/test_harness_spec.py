@@ -21,7 +21,10 @@ def test_default_spec_expands_and_gives_capacity_from_profiles() -> None:
     assert cpu["status"]["capacity"]["cpu"] == "32"
 
 
-def test_count_expands_to_numbered_nodes() -> None:
+def test_count_expands_to_numbered_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.spec import PORT_OFFSET_ENV
+
+    monkeypatch.delenv(PORT_OFFSET_ENV, raising=False)  # a helper's shell exports one
     spec = parse({"nodes": [{"name": "t4", "count": 3, "profile": "t4-x1"}]})
     assert [n.name for n in spec.nodes] == ["t4-0", "t4-1", "t4-2"]
     assert spec.ports == DEFAULT_PORTS

@@ -29,7 +29,13 @@ def test_an_unknown_lab_names_the_labs() -> None:
 
 
 def test_each_lab_pool_is_a_node_of_its_cluster() -> None:
-    assert {load(name).spec for name in LABS} == {"labs", "labs-mig"}
+    assert {load(name).spec for name in LABS} == {"labs", "labs-mig", "labs-volcano"}
+    volcano = load_spec("labs-volcano")
+    assert list(volcano.addons) == ["volcano"]
+    assert {n.labels.get("gpulab.io/lab-pool") for n in volcano.nodes} == {
+        "gang-deadlock-volcano",
+        None,
+    }
     mig = load_spec("labs-mig")
     assert mig.addons == ("gpu-operator",) or list(mig.addons) == ["gpu-operator"]
     assert [n.labels.get("gpulab.io/lab-pool") for n in mig.nodes] == ["mig", "mig-b"]
@@ -121,3 +127,24 @@ def test_mig_lab_objects() -> None:
     node_b = load_spec("labs-mig").nodes[1]
     assert node_b.labels["nvidia.com/gpu.deploy.device-plugin"] == "false"
     assert node_b.device_plugin.mig_strategy == "mixed"
+
+
+def test_the_volcano_gangs_are_half_their_pytorch_world() -> None:
+    """lab-gang-deadlock-volcano's mistake: minAvailable 2 of a world of 4 (pytorch plugin:
+    master + worker replicas), each job alone fits the lab's 8 GPUs, both do not; the fix
+    is minAvailable = world, and the Unknown policy is what recovers a half gang."""
+    from gpulab.diagnose.chain import job_world
+    from harness.labs import gang_deadlock_volcano as gv
+
+    job = gv.job("train-a")
+    assert job["spec"]["minAvailable"] == 2
+    assert job_world(job) == ("pytorch", 4, "master 1 + worker 3")
+    gpus = sum(
+        int(t["replicas"])
+        * int(t["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        for t in job["spec"]["tasks"]
+    )
+    nodes = [n for n in load_spec(gv.SPEC).nodes if n.labels.get("gpulab.io/lab-pool")]
+    assert gpus == 8 == 4 * len(nodes) and {n.profile for n in nodes} == {"t4-x4"}
+    assert {"event": "Unknown", "action": "RestartJob"} in job["spec"]["policies"]
+    assert gv.job("train-a", min_available=4)["spec"]["tasks"][1]["minAvailable"] == 3
