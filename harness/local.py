@@ -413,12 +413,17 @@ class LocalCluster(ClusterAPI):
         self._save([*live, record])
         return record
 
-    def stop_process(self, name: str) -> ProcessRecord:
-        """Stop one of the cluster's processes (SIGTERM, then SIGKILL); keep its record."""
-        rec = next((p for p in self.processes() if p.name == name), None)
+    def stop_process(self, name: str, forget: bool = False) -> ProcessRecord:
+        """Stop one of the cluster's processes (SIGTERM, then SIGKILL); keep its record
+        (to start it again) unless ``forget``: a process that is gone for good, which
+        ``check_alive`` must no longer count."""
+        procs = self.processes()
+        rec = next((p for p in procs if p.name == name), None)
         if rec is None:
             raise HarnessError(f"cluster {self.spec.name} has no process {name!r}")
         _stop(rec)
+        if forget:
+            self._save([p for p in procs if p.name != name])
         return rec
 
     def restart_process(self, name: str) -> ProcessRecord:

@@ -109,7 +109,9 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         # pod uid -> container -> what it got: authoritative in this process (a watch may
         # deliver a pod version older than our own annotation patch).
         self._records: dict[str, dict[str, policy.ContainerRecord]] = {}
-        self._rejected: set[str] = set()
+        # pod uid -> (reason, message) of its admission failure, kubelet's own view of the
+        # pod's status (its status manager): written again if another writer replaced it
+        self._rejected: dict[str, tuple[str, str]] = {}
         # kubelet's Topology Manager; its config and the machine's NUMA nodes live in the
         # kubelet root dir, the device-plugins dir's parent (gpulab/nodeagent/topology.py)
         self._topology = topology.TopologyManager.load(socket_dir.parent)
@@ -285,7 +287,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         else:
             gone = [policy.pod_key(pod)]
         for uid in gone:
-            self._rejected.discard(uid)
+            self._rejected.pop(uid, None)
             self._topology.forget(uid)
             if self._records.pop(uid, None):
                 _log.info("freed the devices of pod %s", uid)
@@ -294,6 +296,11 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         """Kubelet's admission of one pod: Allocate for each container that still needs it."""
         uid = policy.pod_key(pod)
         if uid in self._rejected:
+            if pod.get("status", {}).get("phase") != "Failed":
+                # a status writer that raced ours (kwok's pod-ready stage patching Running
+                # from the Pending it saw) does not bring a rejected pod back: kubelet's
+                # status manager writes its own status again
+                self._write_failed(pod, *self._rejected[uid])
             return
         if uid not in self._records and policy.recorded(pod):
             self._records[uid] = policy.recorded(pod)  # an agent restart: adopt the record
@@ -424,10 +431,13 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         reason = policy.ADMISSION_ERROR_REASON
         if isinstance(exc, topology.TopologyAffinityError):  # as kubelet's rejectPod words it
             message, reason = f"Pod was rejected: {detail}", exc.reason
-        meta = pod["metadata"]
-        self._rejected.add(policy.pod_key(pod))
+        self._rejected[policy.pod_key(pod)] = (reason, message)
         self._tracer.step("Allocate", ref, message, warning=True, reason=reason)
+        self._write_failed(pod, reason, message)
+
+    def _write_failed(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        meta = pod["metadata"]
         try:
             self._api.fail_pod(meta["namespace"], meta["name"], reason, message)
         except Exception as api_exc:
-            _log.warning("could not fail pod %s: %s", ref, api_exc)
+            _log.warning("could not fail pod %s/%s: %s", meta["namespace"], meta["name"], api_exc)

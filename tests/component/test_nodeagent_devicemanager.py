@@ -405,6 +405,35 @@ def test_pods_get_disjoint_numa_aligned_devices_and_overflow_is_rejected(agent, 
     assert set(fourth) == set(ids)
 
 
+def test_a_rejected_pod_another_writer_set_running_is_failed_again(agent, plugin) -> None:
+    """kwok's pod-ready stage may patch Running (from the Pending it saw) over the agent's
+    Failed: as kubelet's status manager, the agent writes its status again."""
+    _, api = agent
+    wait_for(lambda: api.allocatable.get(GPU) == "4", 15, "allocatable 4")
+    api.add(gpu_pod("holder", 4))
+    wait_for(lambda: api.record("holder"), 10, "holder allocation")
+    real = api.fail_pod
+    calls: list[str] = []
+
+    def overwritten_first(namespace, name, reason, message) -> None:
+        calls.append(reason)
+        if len(calls) > 1:
+            return real(namespace, name, reason, message)
+        with api.lock:  # the other writer's patch lands last: the watch never shows Failed
+            api.pods[name]["status"] = {"phase": "Running"}
+        api._deliver("MODIFIED", api.pods[name])
+
+    api.fail_pod = overwritten_first
+    api.add(gpu_pod("late", 2))
+    status = wait_for(
+        lambda: api.status("late").get("phase") == "Failed" and api.status("late"),
+        10,
+        "the rejected pod failed again",
+    )
+    assert status["reason"] == "UnexpectedAdmissionError"
+    assert calls == ["UnexpectedAdmissionError"] * 2 and api.record("late") is None
+
+
 def test_a_preferred_allocation_naming_unavailable_devices_falls_back(
     agent, socket_dir: Path, fakes
 ) -> None:

@@ -177,6 +177,14 @@ def test_the_sequence_diagram_gains_filter_bind_allocate(
                 .some(t => t.textContent.startsWith('{step} '))""",
             timeout=30_000,
         )
+    # the diagram is redrawn for the selected namespace: its Filter calls are this pod's
+    # (wait: under load the redraw may come after the steps of the previous view)
+    page.wait_for_function(
+        f"""(fs => fs.length > 0 && fs.every(t => t.textContent.includes(' {ns}/')))(
+            [...document.querySelectorAll('#diagram .messageText')]
+                .filter(t => t.textContent.startsWith('Filter ')))""",
+        timeout=30_000,
+    )
     assert all(f" {ns}/" in t for t in labels.all_text_contents() if t.startswith("Filter "))
     lanes = set(page.locator("#diagram .actor").all_text_contents())
     assert {"kube-scheduler", "hami-extender", "kubelet", "device-plugin"} <= lanes

@@ -65,7 +65,7 @@ def extender(cluster: Cluster) -> Iterator[RecordingExtender]:
     kubeconfig = cluster.local.dir / "scheduler.kubeconfig"
     start_peer_scheduler(cluster, PEER, binaries.binary("kube-scheduler"), config, kubeconfig)
     yield ext
-    cluster.local.stop_process(PEER)
+    cluster.local.stop_process(PEER, forget=True)  # the cluster lives on
     ext.server.shutdown()
 
 

@@ -63,7 +63,7 @@ def upstream(cluster: Cluster) -> Iterator[RecordingExtender]:
     # the cluster admin's identity: the plugins read PodGroups and NRTs
     start_peer_scheduler(cluster, PEER, binary, config, cluster.kubeconfig)
     yield ext
-    cluster.local.stop_process(PEER)
+    cluster.local.stop_process(PEER, forget=True)  # the cluster lives on
     ext.server.shutdown()
 
 
