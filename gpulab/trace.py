@@ -45,6 +45,7 @@ _NOTE_LIMIT = 1024
 # client-go tools/events: finishTime and refreshTime
 SERIES_FINISH = 360.0
 SERIES_REFRESH = 1800.0
+TEND_EVERY = 5.0  # seconds between two checks for series to finish or refresh
 
 
 @dataclass
@@ -122,6 +123,7 @@ class Tracer:
         # (Event, ObjectMeta, ObjectReference) builds or deep-copies its own, which cost
         # more than the rest of a step (an extender's /filter records two).
         self._models = client.Configuration()
+        self._next_tend = 0.0
 
     def step(
         self,
@@ -223,7 +225,10 @@ class Tracer:
                 _log.warning("could not post Event %s: %s", event.reason, exc)
             finally:
                 self._queue.task_done()
-            if self._queue.empty():
+            if self._queue.empty() and time.monotonic() >= self._next_tend:
+                # a walk over every Event of the last 6 minutes, under the lock step()
+                # takes: not after each write (client-go tends on minute tickers)
+                self._next_tend = time.monotonic() + TEND_EVERY
                 self._tend_series()
 
     def _write(self, op: str, event: client.EventsV1Event) -> None:
