@@ -17,7 +17,7 @@ REPORTS = Path(__file__).resolve().parent / "reports"
 
 # name -> (run, its REPORT.md section), in report order
 BENCHMARKS: dict[
-    str, tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], list[str]]]
+    str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], list[str]]]
 ] = {
     "cluster_start": (cluster_start.run, cluster_start.section),
     "kueue_admission": (kueue_admission.run, kueue_admission.section),
@@ -27,15 +27,35 @@ BENCHMARKS: dict[
 }
 
 
-def main(names: list[str]) -> int:
+# option -> (benchmark, keyword argument its run takes)
+OPTIONS = {
+    # the lab experiments' whole-chain runs (minutes each); without it their last figures
+    # stay in the report, dated
+    "--hami-experiments": ("hami_extender", "experiments"),
+}
+REPORT_ONLY = "--report-only"  # run nothing: write REPORT.md again from the saved results
+
+
+def main(args: list[str]) -> int:
     """Run the named benchmarks (all without names); REPORT.md keeps the others' last
     results from their bench/reports/<name>.json."""
+    names = [a for a in args if not a.startswith("-")]
+    options = [a for a in args if a.startswith("-") and a != REPORT_ONLY]
     unknown = set(names) - set(BENCHMARKS)
     if unknown:
         sys.exit(f"unknown benchmarks {sorted(unknown)}; known: {', '.join(BENCHMARKS)}")
+    bad = set(options) - set(OPTIONS)
+    if bad:
+        sys.exit(f"unknown options {sorted(bad)}; known: {', '.join(OPTIONS)}")
+    kwargs: dict[str, dict[str, Any]] = {}
+    for option in options:
+        bench, keyword = OPTIONS[option]
+        kwargs.setdefault(bench, {})[keyword] = True
     REPORTS.mkdir(exist_ok=True)
     results = {
-        name: run() for name, (run, _section) in BENCHMARKS.items() if name in (names or BENCHMARKS)
+        name: run(**kwargs.get(name, {}))
+        for name, (run, _section) in BENCHMARKS.items()
+        if name in (names or BENCHMARKS) and REPORT_ONLY not in args
     }
     meta = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -44,6 +64,9 @@ def main(names: list[str]) -> int:
     }
     for name, data in results.items():
         (REPORTS / f"{name}.json").write_text(json.dumps({**meta, **data}, indent=1))
+    if REPORT_ONLY in args:  # the header keeps the date of the newest saved run
+        whens = [json.loads(p.read_text()).get("when", "") for p in REPORTS.glob("*.json")]
+        meta["when"] = max(whens, default=meta["when"])
     lines = [
         "# Benchmarks",
         "",

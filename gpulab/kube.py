@@ -54,20 +54,34 @@ def in_pod() -> bool:
     return "KUBERNETES_SERVICE_HOST" in os.environ and "KUBECONFIG" not in os.environ
 
 
-def api_client(kubeconfig: str | Path | None = None) -> client.ApiClient:
+# Requests in flight at once that keep their connection. client-go multiplexes any number
+# of requests over one HTTP/2 connection; urllib3 needs a connection per request in flight,
+# and past its pool size (the client's default: 5 per CPU, 10 here) it opens a new TLS
+# connection for each further request and closes it afterwards: a handshake per request
+# once a component's watches, Event writer and concurrent handlers (an extender's parallel
+# Binds) fill the pool.
+CONNECTIONS = 64
+
+
+def api_client(
+    kubeconfig: str | Path | None = None, connections: int = CONNECTIONS
+) -> client.ApiClient:
     """A client from ``kubeconfig``; without one, the pod's ServiceAccount when in a pod,
-    else $KUBECONFIG, the local cluster's kubeconfig or ~/.kube/config."""
+    else $KUBECONFIG, the local cluster's kubeconfig or ~/.kube/config. It keeps up to
+    ``connections`` connections open for reuse."""
+    cfg = client.Configuration()
     if kubeconfig is None and in_pod():
-        cfg = client.Configuration()
         InClusterConfigLoader(
             token_filename=mounted(f"{SERVICEACCOUNT_DIR}/token"),
             cert_filename=mounted(f"{SERVICEACCOUNT_DIR}/ca.crt"),
         ).load_and_set(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    path = Path(kubeconfig) if kubeconfig else default_kubeconfig()
-    if path is None or not path.exists():
-        raise KubeconfigError(
-            f"no kubeconfig at {path or '$KUBECONFIG / ~/.kube/config'}; "
-            "run `gpulab up` first or pass --kubeconfig"
-        )
-    return config.new_client_from_config(config_file=str(path))
+    else:
+        path = Path(kubeconfig) if kubeconfig else default_kubeconfig()
+        if path is None or not path.exists():
+            raise KubeconfigError(
+                f"no kubeconfig at {path or '$KUBECONFIG / ~/.kube/config'}; "
+                "run `gpulab up` first or pass --kubeconfig"
+            )
+        config.load_kube_config(config_file=str(path), client_configuration=cfg)
+    cfg.connection_pool_maxsize = connections
+    return client.ApiClient(cfg)

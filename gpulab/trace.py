@@ -45,6 +45,7 @@ _NOTE_LIMIT = 1024
 # client-go tools/events: finishTime and refreshTime
 SERIES_FINISH = 360.0
 SERIES_REFRESH = 1800.0
+TEND_EVERY = 5.0  # seconds between two checks for series to finish or refresh
 
 
 @dataclass
@@ -118,6 +119,11 @@ class Tracer:
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()
         self._recorded: dict[tuple[Any, ...], _Recorded] = {}
+        # One Configuration for every Event model built here: without it each model
+        # (Event, ObjectMeta, ObjectReference) builds or deep-copies its own, which cost
+        # more than the rest of a step (an extender's /filter records two).
+        self._models = client.Configuration()
+        self._next_tend = 0.0
 
     def step(
         self,
@@ -165,10 +171,13 @@ class Tracer:
 
     @staticmethod
     def _series(recorded: _Recorded) -> client.EventsV1Event:
-        # a copy: the original may still wait in the queue to be created
-        event = copy.deepcopy(recorded.event)
+        # a copy: the original may still wait in the queue to be created (shallow: only
+        # `series` differs, and the shared parts are never changed)
+        event = copy.copy(recorded.event)
         event.series = client.EventsV1EventSeries(
-            count=recorded.count, last_observed_time=recorded.last
+            count=recorded.count,
+            last_observed_time=recorded.last,
+            local_vars_configuration=recorded.event.local_vars_configuration,
         )
         return event
 
@@ -216,7 +225,10 @@ class Tracer:
                 _log.warning("could not post Event %s: %s", event.reason, exc)
             finally:
                 self._queue.task_done()
-            if self._queue.empty():
+            if self._queue.empty() and time.monotonic() >= self._next_tend:
+                # a walk over every Event of the last 6 minutes, under the lock step()
+                # takes: not after each write (client-go tends on minute tickers)
+                self._next_tend = time.monotonic() + TEND_EVERY
                 self._tend_series()
 
     def _write(self, op: str, event: client.EventsV1Event) -> None:
@@ -243,10 +255,13 @@ class Tracer:
         # Cluster-scoped objects (Node, ClusterQueue ...) get their Events in "default",
         # as kubelet does for Node events.
         namespace = ref.namespace or "default"
+        models = self._models
         return client.EventsV1Event(
             # named like client-go's recorder: <object>.<hex nanoseconds>
             metadata=client.V1ObjectMeta(
-                name=f"{ref.name[:200]}.{time.time_ns():x}".lower(), namespace=namespace
+                name=f"{ref.name[:200]}.{time.time_ns():x}".lower(),
+                namespace=namespace,
+                local_vars_configuration=models,
             ),
             event_time=now,
             reporting_controller=f"gpulab.io/{self.component}",
@@ -262,7 +277,9 @@ class Tracer:
                 uid=ref.uid,
                 api_version=ref.api_version,
                 field_path=ref.field_path,
+                local_vars_configuration=models,
             ),
+            local_vars_configuration=models,
         )
 
 

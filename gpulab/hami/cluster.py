@@ -120,12 +120,14 @@ class KubeCluster:
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> None:
         try:
-            self.core.patch_namespaced_pod(
-                name,
-                namespace,
-                pod_patch(annotations),
-                _content_type=_MERGE_PATCH,
-                _preload_content=False,
+            _drain(
+                self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    pod_patch(annotations),
+                    _content_type=_MERGE_PATCH,
+                    _preload_content=False,
+                )
             )
         except ApiException as exc:
             _raise(exc, f"pod {namespace}/{name}")
@@ -139,8 +141,10 @@ class KubeCluster:
             # server answers 409 if the node changed, as HAMi's nodelock relies on.
             meta["resourceVersion"] = resource_version
         try:
-            self.core.patch_node(
-                name, {"metadata": meta}, _content_type=_MERGE_PATCH, _preload_content=False
+            _drain(
+                self.core.patch_node(
+                    name, {"metadata": meta}, _content_type=_MERGE_PATCH, _preload_content=False
+                )
             )
         except ApiException as exc:
             _raise(exc, f"node {name}")
@@ -153,7 +157,7 @@ class KubeCluster:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            self.core.create_namespaced_binding(namespace, body, _preload_content=False)
+            _drain(self.core.create_namespaced_binding(namespace, body, _preload_content=False))
         except ApiException as exc:
             _raise(exc, f"binding of pod {namespace}/{name}")
 
@@ -210,4 +214,12 @@ def start_informers(
 
 
 def _body(resp: Any) -> dict[str, Any]:
-    return json.loads(resp.data)
+    return json.loads(resp.data)  # read to the end: the connection goes back to the pool
+
+
+def _drain(resp: Any) -> None:
+    """Read an answer we do not use to its end and give its connection back to the pool.
+    Left unread (``_preload_content=False``), the response keeps its connection until it
+    is garbage, and the next call opens a new TLS connection: a handshake per call."""
+    resp.read()
+    resp.release_conn()

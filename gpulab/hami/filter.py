@@ -113,7 +113,9 @@ def filter(s: Scheduler, args: Any) -> dict[str, Any]:
     uid = str(meta(pod).get("uid", ""))
     with s.lock:
         s.take_pod(uid)
-        results = [fit_on(s, n, reqs, n_init, opts, ref.namespace or "default") for n in names]
+        namespace = ref.namespace or "default"
+        shape = fit_shape(s, reqs, n_init, opts, namespace)
+        results = [fit_on(s, n, reqs, n_init, opts, namespace, shape) for n in names]
         chosen = pick_node(results, opts.node_policy)
         if chosen is not None:
             shares = collapse_init_usage(chosen.devices, n_init)
@@ -185,6 +187,21 @@ def _write_later(s: Scheduler, uid: str, ref: Any, allocation: dict[str, str | N
     future.add_done_callback(done)
 
 
+def fit_shape(
+    s: Scheduler,
+    reqs: tuple[ContainerRequest, ...],
+    n_init: int,
+    opts: FitOptions,
+    namespace: str,
+) -> int:
+    """What a node's Fit result depends on besides the node's usage: the request, its
+    policies and, when the namespace has a quota, the quota's state. As a small number
+    (``NodeManager.shape``), hashed once per Filter, not once per node. Caller holds the
+    lock."""
+    quota_key = s.quotas.key(namespace)
+    return s.nodes.shape((reqs, n_init, opts, namespace if quota_key else None, quota_key))
+
+
 def fit_on(
     s: Scheduler,
     name: str,
@@ -192,25 +209,26 @@ def fit_on(
     n_init: int,
     opts: FitOptions,
     namespace: str,
+    shape: int | None = None,
 ) -> NodeResult:
-    """``scoreNode`` on one candidate, reusing the node's result for the same request shape
-    while its usage (and the namespace's quota) is unchanged. Caller holds the lock."""
+    """``scoreNode`` on one candidate, reusing the node's result for the same ``shape``
+    (``fit_shape``) while its usage is unchanged. Caller holds the lock."""
     entry = s.nodes.get(name)
     if entry is None:
         return NodeResult(name, fit=False, reason=NODE_UNREGISTERED)
-    quota_key = s.quotas.key(namespace)
-    key = (reqs, n_init, opts, namespace if quota_key else None, quota_key)
-    cached = entry.results.get(key)
+    if shape is None:
+        shape = fit_shape(s, reqs, n_init, opts, namespace)
+    cached = entry.results.get(shape)
     if cached is not None:
         return cached
+    quota = None
+    if s.quotas.limited(namespace):
 
-    def quota(mem: int, cores: int) -> bool:
-        return s.quotas.fits(namespace, mem, cores)
+        def quota(mem: int, cores: int) -> bool:
+            return s.quotas.fits(namespace, mem, cores)
 
-    found = fit_node(
-        name, entry.cards, reqs, n_init, opts, entry.extras, quota if quota_key else None
-    )
-    s.nodes.remember(entry, key, found)
+    found = fit_node(name, entry.cards, reqs, n_init, opts, entry.extras, quota)
+    s.nodes.remember(entry, shape, found)
     return found
 
 

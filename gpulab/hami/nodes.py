@@ -21,6 +21,7 @@ from gpulab.hami.pods import PodInfo, Share
 from gpulab.hami.score import CardUsage, NodeExtras, NodeResult
 
 _CACHE_LIMIT = 64  # distinct request shapes remembered per node
+_SHAPE_LIMIT = 4096  # distinct request shapes numbered before the numbering starts over
 
 
 @dataclass
@@ -33,7 +34,7 @@ class NodeEntry:
     cards: list[CardUsage] = field(default_factory=list)
     by_id: dict[str, CardUsage] = field(default_factory=dict)
     version: int = 0
-    results: dict[Hashable, NodeResult] = field(default_factory=dict)
+    results: dict[int, NodeResult] = field(default_factory=dict)  # by request shape
 
     def changed(self) -> None:
         self.version += 1
@@ -51,6 +52,19 @@ def cards_of(devices: Sequence[NodeDevice]) -> list[CardUsage]:
 class NodeManager:
     def __init__(self) -> None:
         self._nodes: dict[str, NodeEntry] = {}
+        self._shapes: dict[Hashable, int] = {}
+
+    def shape(self, key: Hashable) -> int:
+        """A number for a request shape (what a Fit result depends on besides the node),
+        the same number for equal keys: the nodes' results are looked up by it."""
+        number = self._shapes.get(key)
+        if number is None:
+            if len(self._shapes) >= _SHAPE_LIMIT:  # start over, forgetting every result
+                self._shapes.clear()
+                for entry in self._nodes.values():
+                    entry.results.clear()
+            number = self._shapes[key] = len(self._shapes)
+        return number
 
     def get(self, name: str) -> NodeEntry | None:
         return self._nodes.get(name)
@@ -96,7 +110,7 @@ class NodeManager:
         entry.changed()
 
     @staticmethod
-    def remember(entry: NodeEntry, key: Hashable, result: NodeResult) -> None:
+    def remember(entry: NodeEntry, key: int, result: NodeResult) -> None:
         if len(entry.results) >= _CACHE_LIMIT:
             entry.results.clear()
         entry.results[key] = result

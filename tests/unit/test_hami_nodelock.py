@@ -4,6 +4,7 @@ Go-style flag values, against HAMi v2.10.0's rules."""
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import socket
 
 import pytest
@@ -14,7 +15,7 @@ from gpulab.hami.cluster import Conflict
 from gpulab.hami.config import ConfigError, parse_go_duration, parse_string_to_string
 from gpulab.hami.fake import FakeCluster
 from gpulab.hami.scheduler import Reported, check_health
-from gpulab.hami.server import StartError, listen, parse_bind
+from gpulab.hami.server import UVICORN, StartError, listen, parse_bind, tune_gc
 
 NOW = dt.datetime(2026, 11, 29, 9, 0, 0, tzinfo=dt.UTC)
 
@@ -169,6 +170,22 @@ def test_the_listening_socket_is_tcp_so_asyncio_sets_nodelay() -> None:
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+def test_idle_connections_outlive_go_clients_idle_timeout() -> None:
+    # kube-scheduler and the API server (webhook) keep idle connections 90 s; a server that
+    # closes them first races their next POST, which then fails with EOF (not retried)
+    assert UVICORN["timeout_keep_alive"] > 90
+    assert UVICORN["access_log"] is False
+
+
+def test_tune_gc_freezes_what_is_alive() -> None:
+    gc.unfreeze()
+    try:
+        tune_gc()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 def test_bind_address_and_port_in_use() -> None:
