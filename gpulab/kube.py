@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.config.incluster_config import InClusterConfigLoader
@@ -85,3 +86,11 @@ def api_client(
         config.load_kube_config(config_file=str(path), client_configuration=cfg)
     cfg.connection_pool_maxsize = connections
     return client.ApiClient(cfg)
+
+
+def drain(resp: Any) -> None:
+    """Read an answer we do not use to its end and give its connection back to the pool.
+    Left unread (``_preload_content=False``), the response keeps its connection until it
+    is garbage, and the next call opens a new TLS connection: a handshake per call."""
+    resp.read()
+    resp.release_conn()

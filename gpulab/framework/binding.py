@@ -21,6 +21,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpulab.errors import UserError
+from gpulab.kube import drain
 
 Obj = Mapping[str, Any]
 
@@ -63,7 +64,7 @@ class KubeBinder:
         meta = body["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding"
         try:
-            self._api.call_api(
+            resp = self._api.call_api(
                 path,
                 "POST",
                 body=body,
@@ -72,6 +73,7 @@ class KubeBinder:
                 _preload_content=False,
                 _request_timeout=30,
             )
+            drain(resp)
         except ApiException as exc:
             raise BindError(
                 f"binding {meta['namespace']}/{meta['name']} to {node}: {exc.status} "

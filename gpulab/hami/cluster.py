@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpulab.informer import NODES, PODS, Handlers, Informer, ListWatch, Resource
+from gpulab.kube import drain
 
 RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 ASSIGNED_NODE_LABEL = "hami.io/vgpu-node"
@@ -120,7 +121,7 @@ class KubeCluster:
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> None:
         try:
-            _drain(
+            drain(
                 self.core.patch_namespaced_pod(
                     name,
                     namespace,
@@ -141,7 +142,7 @@ class KubeCluster:
             # server answers 409 if the node changed, as HAMi's nodelock relies on.
             meta["resourceVersion"] = resource_version
         try:
-            _drain(
+            drain(
                 self.core.patch_node(
                     name, {"metadata": meta}, _content_type=_MERGE_PATCH, _preload_content=False
                 )
@@ -157,7 +158,7 @@ class KubeCluster:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            _drain(self.core.create_namespaced_binding(namespace, body, _preload_content=False))
+            drain(self.core.create_namespaced_binding(namespace, body, _preload_content=False))
         except ApiException as exc:
             _raise(exc, f"binding of pod {namespace}/{name}")
 
@@ -215,11 +216,3 @@ def start_informers(
 
 def _body(resp: Any) -> dict[str, Any]:
     return json.loads(resp.data)  # read to the end: the connection goes back to the pool
-
-
-def _drain(resp: Any) -> None:
-    """Read an answer we do not use to its end and give its connection back to the pool.
-    Left unread (``_preload_content=False``), the response keeps its connection until it
-    is garbage, and the next call opens a new TLS connection: a handshake per call."""
-    resp.read()
-    resp.release_conn()

@@ -37,6 +37,7 @@ from kubernetes.client.rest import ApiException
 
 from gpulab.framework.binding import BindError, KubeBinder
 from gpulab.informer import NODES, PODS, Handlers, Informer, ListWatch, Store
+from gpulab.kube import drain
 from gpulab.trace import ObjectRef, Tracer
 from gpulab.volcano import apis
 from gpulab.volcano.scheduler import snapshot
@@ -376,7 +377,7 @@ class SchedulerCache:
         # a merge patch sets the keys given; a resource gone to zero must be removed
         old = (queue.queue.get("status") or {}).get("allocated") or {}
         body = {"status": {"allocated": {**dict.fromkeys(old), **allocated}}}
-        self.custom.api_client.call_api(
+        resp = self.custom.api_client.call_api(
             f"/apis/{apis.SCHEDULING_GROUP}/{apis.SCHEDULING_VERSION}/queues/{queue.name}/status",
             "PATCH",
             body=body,
@@ -384,6 +385,7 @@ class SchedulerCache:
             auth_settings=["BearerToken"],
             _preload_content=False,
         )
+        drain(resp)  # the connection back to the pool
 
     def record_pod_group_event(self, job: JobInfo, warning: bool, reason: str, msg: str) -> None:
         self.tracer.step(reason, pod_group_ref(job), msg, warning=warning)
