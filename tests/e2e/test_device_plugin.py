@@ -152,22 +152,25 @@ def test_ignored_xid_keeps_the_gpu_healthy(cluster) -> None:
 
 def test_pod_over_the_nodes_free_devices_fails_admission(cluster, namespace) -> None:
     core = client.CoreV1Api(cluster.api)
-    # nodeName skips the scheduler, as a static or mis-scheduled pod would: kubelet's
-    # device manager (the node agent) must refuse it
-    spec = gpu_pod_spec(5)
-    spec.node_name = "gpu-t4-0"
 
-    def holders() -> list[str]:
-        """Pods of earlier tests (other namespaces, still terminating) holding its GPUs."""
+    def held() -> int | None:
+        """GPUs of gpu-t4-0 held by pods of earlier tests (e.g. the cluster demo's, which
+        stays for the learner); None while one is still terminating."""
         pods = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-t4-0").items
-        return [
-            p.metadata.name
-            for p in pods
-            if p.status.phase not in ("Succeeded", "Failed")
-            and any((c.resources.limits or {}).get("nvidia.com/gpu") for c in p.spec.containers)
-        ]
+        live = [p for p in pods if p.status.phase not in ("Succeeded", "Failed")]
+        if any(p.metadata.deletion_timestamp for p in live):
+            return None
+        return sum(
+            int((c.resources.limits or {}).get("nvidia.com/gpu", 0))
+            for p in live
+            for c in p.spec.containers
+        )
 
-    wait_for(lambda: not holders(), 60, "gpu-t4-0's GPUs to be free of earlier tests' pods")
+    free = 4 - wait_for(lambda: (n := held()) is not None and (n,), 60, "pods to terminate")[0]
+    # nodeName skips the scheduler, as a static or mis-scheduled pod would: kubelet's
+    # device manager (the node agent) must refuse a pod asking one more than is free
+    spec = gpu_pod_spec(free + 1)
+    spec.node_name = "gpu-t4-0"
     core.create_namespaced_pod(
         namespace, client.V1Pod(metadata=client.V1ObjectMeta(name="greedy"), spec=spec)
     )
@@ -177,7 +180,7 @@ def test_pod_over_the_nodes_free_devices_fails_admission(cluster, namespace) -> 
         "greedy to fail admission",
     )
     assert pod.status.reason == "UnexpectedAdmissionError"
-    assert "Requested: 5, Available: 4" in pod.status.message
+    assert f"Requested: {free + 1}, Available: {free}" in pod.status.message
 
 
 @pytest.mark.local_backend
