@@ -43,10 +43,8 @@ lint: venv
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 
-# Two pytest-xdist workers: one runs the e2e tests in order (their clusters one at a time),
-# the other the unit and component tests meanwhile (tests/e2e/conftest.py groups them).
 test: setup test-peers lint chromium
-	@$(BIN)/pytest -n 2 --dist loadgroup -ra --durations=15
+	@$(BIN)/pytest -ra --durations=15
 
 test-unit: venv fake-gpu
 	@$(BIN)/pytest -ra -m "not e2e"

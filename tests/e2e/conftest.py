@@ -1,9 +1,9 @@
 """e2e fixtures: one lab cluster (harness/clusters/e2e.yaml) for the session, through the
 lab's pytest-kubernetes cluster manager (harness/pytest_plugin.py).
 
-Every test in this directory is marked `e2e`; `make test` runs them in order on one
-pytest-xdist worker while a second worker runs the unit and component tests, on the local
-backend: real kube-apiserver / controller-manager / scheduler and kwok.
+Every test in this directory is marked `e2e`; `make test` runs them after the unit and
+component tests, on the local backend: real kube-apiserver / controller-manager /
+scheduler and kwok.
 `--gpulab-backend kind` runs them on kind, `--k8s-kubeconfig-override PATH` (or
 `--gpulab-kubeconfig PATH`) on an existing cluster brought up from the e2e spec; tests
 marked `local_backend` (host processes, fault files) are skipped there.
@@ -15,7 +15,6 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
@@ -38,23 +37,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` (`pytest -n 2 --dist loadgroup`): every e2e test in one unit of work, so
-    one worker runs them in order, one cluster at a time, while the other runs the unit
-    and component tests. (Grouped by path here: pytest 9.2 no longer sees the `@group`
-    suffix pytest-xdist 3.8 writes into node ids for `xdist_group` marks.)"""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class E2EOnOneWorker(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "e2e" if nodeid.startswith("tests/e2e/") else nodeid
-
-    return E2EOnOneWorker(config, log)
 
 
 @contextlib.contextmanager

@@ -80,7 +80,12 @@ def test_pod_asking_more_gpus_than_any_node_stays_pending_with_the_reason(
 
     message = wait_for(failed_event, 60, "FailedScheduling event")
     assert "Insufficient nvidia.com/gpu" in message
-    pod = core.read_namespaced_pod("too-big", namespace)
+    # the scheduler writes the pod's PodScheduled condition beside its Event: wait for both
+    pod = wait_for(
+        lambda: (p := core.read_namespaced_pod("too-big", namespace)).status.conditions and p,
+        30,
+        "the PodScheduled condition",
+    )
     assert pod.status.phase == "Pending" and not pod.spec.node_name
     cond = next(c for c in pod.status.conditions if c.type == "PodScheduled")
     assert (cond.status, cond.reason) == ("False", "Unschedulable")
