@@ -10,14 +10,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
-.PHONY: setup venv fake-gpu binaries test-peers lint test test-unit test-e2e bench down status clean \
+.PHONY: setup venv bytecode fake-gpu binaries test-peers lint test test-unit test-e2e bench down status clean \
         demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
         test-dashboard bench-dashboard \
         demo-coscheduling demo-numa demo-volcano demo-gpu-operator \
         lab-unschedulable lab-device-plugin lab-gang-deadlock lab-gang-deadlock-volcano \
         lab-queue-quota lab-mig
 
-setup: venv fake-gpu binaries dashboard-web
+setup: venv bytecode fake-gpu binaries dashboard-web
 
 venv: $(VENV)/.installed
 
@@ -28,6 +28,11 @@ $(VENV)/.installed: pyproject.toml
 	@$(BIN)/pip install --quiet --upgrade pip
 	@$(BIN)/pip install --quiet --progress-bar off -e '.[dev]'
 	@touch $@
+
+# the lab starts a Python process per component and pod: compiled once here, not in each
+# (compileall writes __pycache__ even under PYTHONDONTWRITEBYTECODE; unchanged files skip)
+bytecode: venv
+	@$(BIN)/python -m compileall -q -j 2 -x node_modules gpulab harness demos >/dev/null
 
 fake-gpu:
 	@$(MAKE) --no-print-directory -C fake-gpu
@@ -43,8 +48,9 @@ lint: venv
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 
+# two workers: each e2e cluster group runs on one of them (tests/e2e/conftest.py work_unit)
 test: setup test-peers lint chromium
-	@$(BIN)/pytest -ra --durations=15
+	@$(BIN)/pytest -ra -n 2 --dist loadgroup --durations=15
 
 test-unit: venv fake-gpu
 	@$(BIN)/pytest -ra -m "not e2e"

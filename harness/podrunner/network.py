@@ -17,8 +17,8 @@ Service's address (harness/apply.py LocalTransform).
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
-import os
 import threading
 from pathlib import Path
 
@@ -39,29 +39,20 @@ def acquire_block(owner: Path) -> int:
     """A free ``K`` for ``127.K.0.0/16``, recorded as held by the cluster in ``owner``.
 
     A block whose owner directory has no running cluster (no ``cluster.json``) is stale
-    and taken over; the cluster that already holds a block gets it back.
+    and taken over; the cluster that already holds a block gets it back. Clusters
+    starting at once (parallel test workers) take turns on the registry's lock file.
     """
     registry = _registry()
-    holders = {k: _holder(registry / str(k)) for k in _BLOCKS}
-    for k, held_by in holders.items():
-        if held_by == owner:
-            return k
-    for k, held_by in holders.items():
-        entry = registry / str(k)
-        if held_by is not None and (held_by / "cluster.json").exists():
-            continue
-        tmp = registry / f".{k}.{os.getpid()}"
-        tmp.write_text(str(owner))
-        try:
-            if held_by is None:
-                os.link(tmp, entry)  # atomic: fails if another cluster took it meanwhile
-            else:
-                os.replace(tmp, entry)
-        except FileExistsError:
-            continue
-        finally:
-            tmp.unlink(missing_ok=True)
-        return k
+    with open(registry / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        holders = {k: _holder(registry / str(k)) for k in _BLOCKS}
+        for k, held_by in holders.items():
+            if held_by == owner:
+                return k
+        for k, held_by in holders.items():
+            if held_by is None or not (held_by / "cluster.json").exists():
+                (registry / str(k)).write_text(str(owner))
+                return k
     raise HarnessError(
         f"no free loopback block 127.K.0.0/16 for a new cluster (all of {_BLOCKS.start}.."
         f"{_BLOCKS.stop - 1} are held; see {registry}); stop a cluster with `gpulab down`"
@@ -76,12 +67,12 @@ def _holder(entry: Path) -> Path | None:
 
 
 def release_block(owner: Path) -> None:
-    for entry in _registry().glob("[0-9]*"):
-        try:
-            if Path(entry.read_text().strip()) == owner:
+    registry = _registry()
+    with open(registry / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for entry in registry.glob("[0-9]*"):
+            if _holder(entry) == owner:
                 entry.unlink(missing_ok=True)
-        except FileNotFoundError:
-            continue
 
 
 def service_address(block: int, cluster_ip: str) -> str | None:

@@ -15,6 +15,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -32,11 +33,85 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.gpulab_backend = "local"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# `make test` runs on two pytest-xdist workers (`-n 2 --dist loadgroup`). Each e2e module
+# brings up its own cluster (its spec's ports), except modules that share a session
+# cluster: those are one unit of work, run by one worker in order.
+SHARED_CLUSTERS = {
+    "e2e": ("test_cluster.py", "test_device_plugin.py", "test_kueue_e2e.py", "test_pod_runner.py"),
+    "scheduling-e2e": (
+        "test_scheduling_coscheduling.py",
+        "test_scheduling_crosscheck.py",
+        "test_scheduling_numa.py",
+        "test_scheduling_upstream_peer.py",
+    ),
+}
+SESSION_CLUSTER_FIXTURES = {"cluster": "e2e", "scheduling_e2e": "scheduling-e2e"}
+# Seconds each unit took in one serial run (pytest --durations=0, 2026-12-01), only to
+# start the longest first so that both workers finish at about the same time.
+SECONDS = {
+    "test_labs.py": 244,
+    "e2e": 225,
+    "test_hami_e2e.py": 173,
+    "scheduling-e2e": 113,
+    "test_gpu_operator.py": 110,
+    "test_volcano_e2e.py": 101,
+    "test_lab_mig.py": 89,
+    "test_dashboard_browser.py": 72,
+    "test_lab_volcano.py": 41,
+    "test_external_backend.py": 28,
+    "test_lifecycle.py": 17,
+    "test_plugin_in_a_project.py": 14,
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its e2e cluster group, else its module."""
+    module = nodeid.split("::", 1)[0]
+    if not module.startswith("tests/e2e/"):
+        return module
+    name = Path(module).name
+    return next((group for group, mods in SHARED_CLUSTERS.items() if name in mods), name)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
+            _check_shared_cluster(item)
+    if hasattr(config, "workerinput"):  # an xdist worker: longest units first
+        items.sort(key=lambda item: -SECONDS.get(work_unit(item.nodeid), 0))
+
+
+def _check_shared_cluster(item: pytest.Item) -> None:
+    """A test on a session cluster must be in that cluster's group, else two workers
+    would bring the same spec (the same ports) up at once."""
+    info = getattr(item, "_fixtureinfo", None)
+    for fixture, group in SESSION_CLUSTER_FIXTURES.items():
+        defs = info.name2fixturedefs.get(fixture) if info else None
+        if defs and defs[-1].scope == "session" and work_unit(item.nodeid) != group:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the session fixture `{fixture}`: add its module to "
+                f'SHARED_CLUSTERS["{group}"] in tests/e2e/conftest.py'
+            )
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`pytest -n 2 --dist loadgroup` (make test): one unit of work per cluster group
+    (work_unit), handed out in collection order (longest first). Grouped by path here:
+    pytest 9.2 no longer sees the `@group` suffix pytest-xdist 3.8 writes into node ids
+    for `xdist_group` marks."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByCluster(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the longest-first order
+    return ByCluster(config, log)
 
 
 @contextlib.contextmanager

@@ -37,6 +37,34 @@ def test_a_block_of_a_stopped_cluster_is_taken_over(tmp_path: Path) -> None:
     assert network.acquire_block(new) == k
 
 
+def _acquire_in_a_process(owner: str, cache: str) -> int:
+    import os
+
+    os.environ["XDG_CACHE_HOME"] = cache
+    (Path(owner) / "cluster.json").write_text("{}")
+    return network.acquire_block(Path(owner))
+
+
+def test_clusters_starting_at_once_never_share_a_block(tmp_path: Path) -> None:
+    """Parallel test workers bring clusters up at the same moment, some over stale
+    entries of clusters that died: each new cluster gets a block of its own."""
+    import multiprocessing
+
+    for i in range(4):  # four blocks whose clusters died without `down`
+        dead = tmp_path / f"dead-{i}"
+        dead.mkdir()
+        (dead / "cluster.json").write_text("{}")
+        network.acquire_block(dead)
+        (dead / "cluster.json").unlink()
+    owners = [tmp_path / f"new-{i}" for i in range(8)]
+    for d in owners:
+        d.mkdir()
+    cache = str(tmp_path / "cache")
+    with multiprocessing.get_context("spawn").Pool(8) as pool:
+        blocks = pool.starmap(_acquire_in_a_process, [(str(d), cache) for d in owners])
+    assert len(set(blocks)) == len(owners), blocks
+
+
 def test_service_addresses_mirror_the_cluster_ip() -> None:
     assert network.service_address(42, "10.96.12.34") == "127.42.12.34"
     assert network.service_address(42, "None") is None
