@@ -168,8 +168,7 @@ class LocalCluster(ClusterAPI):
             # manifests and the chapters' objects go in while it starts (each addon then
             # waits for its own components), the node and health checks come last
             self._apply_base(progress)
-            for addon in self.spec.addons:
-                self.ensure_addon(addon, progress)
+            self.ensure_addons(self.spec.addons, progress)
             self._wait_ready(progress)
         except BaseException:
             progress("start-up failed; stopping what was started")
@@ -591,13 +590,20 @@ class LocalCluster(ClusterAPI):
 
         Demos call this, so `make demo-kueue` works on a cluster brought up without it.
         """
-        if name not in addons.ADDONS:
-            raise HarnessError(f"unknown addon {name!r}; known: {', '.join(addons.ADDONS)}")
-        if name in self._addons():
+        self.ensure_addons([name], progress)
+
+    def ensure_addons(self, names: list[str], progress: Progress) -> None:
+        """Start those of ``names`` that do not run yet, side by side (addons.start_all)."""
+        for name in names:
+            if name not in addons.ADDONS:
+                raise HarnessError(f"unknown addon {name!r}; known: {', '.join(addons.ADDONS)}")
+        running = self._addons()
+        new = [n for n in names if n not in running]
+        if not new:
             return
-        addons.start(name, self, progress)
+        addons.start_all(new, self, progress)
         state = json.loads(self._state_file.read_text())
-        state["addons"] = [*state.get("addons", []), name]
+        state["addons"] = [*state.get("addons", []), *new]
         self._state_file.write_text(json.dumps(state, indent=1))
 
     def _addons(self) -> list[str]:

@@ -3,7 +3,8 @@
 An addon deploys ``manifests/<addon>/`` through the backend (every backend runs the same
 manifests: the local backend's pod runner runs the lab's own pods) and then waits until
 the chapter works (e.g. nodes advertise their GPUs); what is left here is what differs
-from a plain apply. Each addon module exposes ``start(backend, progress) -> None``.
+from a plain apply. Each addon module exposes ``deploy(backend, progress)`` (apply) and
+``wait(backend, progress)`` (until it works).
 """
 
 from __future__ import annotations
@@ -26,8 +27,29 @@ ADDONS = {
 DEVICE_PLUGINS = {"device-plugin", "hami", "gpu-operator"}
 
 
+# addons whose webhooks admit other chapters' pods with failurePolicy Fail (Kueue's pod
+# webhook): deployed once the others run, else their pods are refused while it starts
+AFTER_OTHERS = {"kueue"}
+
+
 def start(name: str, backend: Any, progress: Callable[[str], None]) -> None:
-    importlib.import_module(ADDONS[name]).start(backend, progress)
+    module = importlib.import_module(ADDONS[name])
+    module.deploy(backend, progress)
+    module.wait(backend, progress)
+
+
+def start_all(names: list[str], backend: Any, progress: Callable[[str], None]) -> None:
+    """Start several addons: deploy them all, then wait for each, so that their components
+    start side by side (AFTER_OTHERS last, each on its own)."""
+    first = [n for n in names if n not in AFTER_OTHERS]
+    modules = [importlib.import_module(ADDONS[n]) for n in first]
+    for module in modules:
+        module.deploy(backend, progress)
+    for module in modules:
+        module.wait(backend, progress)
+    for name in names:
+        if name in AFTER_OTHERS:
+            start(name, backend, progress)
 
 
 def wait_deployment(

@@ -80,10 +80,13 @@ def expected_resources(node: NodeSpec) -> dict[str, int]:
 # ---------------------------------------------------------------- deploy
 
 
-def start(backend: Backend, progress: Progress) -> None:
-    """Deploy the DaemonSet and wait until every node with it advertises its devices."""
-    nodes = [n for n in backend.spec.nodes if n.profile and not n.device_plugin.hami]
-    extra = extra_configs(nodes)
+def _nodes(backend: Backend) -> list[NodeSpec]:
+    return [n for n in backend.spec.nodes if n.profile and not n.device_plugin.hami]
+
+
+def deploy(backend: Backend, progress: Progress) -> None:
+    """Deploy the DaemonSet (and the spec's per-node configs)."""
+    extra = extra_configs(_nodes(backend))
     if extra:
         # server-side apply under its own field manager: re-applying the shipped
         # ConfigMap keeps these keys (each key of `data` has its own owner)
@@ -102,7 +105,11 @@ def start(backend: Backend, progress: Progress) -> None:
             _content_type="application/apply-patch+yaml",
         )
     backend.apply([MANIFESTS / "device-plugin"], progress)
-    wait_advertised(backend, nodes, progress)
+
+
+def wait(backend: Backend, progress: Progress) -> None:
+    """Until every node with the DaemonSet advertises its devices."""
+    wait_advertised(backend, _nodes(backend), progress)
 
 
 def wait_advertised(

@@ -23,13 +23,17 @@ DEPLOYMENT = "gpu-operator"
 READY_TIMEOUT = 90.0
 
 
-def start(backend: Backend, progress: Progress) -> None:
-    """Apply the operator's manifests and wait until its Deployment is available."""
+def deploy(backend: Backend, progress: Progress) -> None:
+    """Apply the operator's manifests."""
     if "device-plugin" in backend.spec.addons:
         raise HarnessError(
             f"cluster spec {backend.spec.name}: the gpu-operator addon deploys the device "
             "plugin itself; remove `device-plugin` from its addons"
         )
     backend.apply([MANIFESTS / "gpu-operator"], progress)
+
+
+def wait(backend: Backend, progress: Progress) -> None:
+    """Until the operator's Deployment is available."""
     wait_deployment(backend, NAMESPACE, DEPLOYMENT, READY_TIMEOUT, progress)
     progress("GPU Operator running: create a ClusterPolicy to deploy its operands")

@@ -37,8 +37,11 @@ READY_TIMEOUT = 120.0
 METRIC_PER_GPU = "hami_gpu_core_limit_ratio"
 
 
-def start(backend: Backend, progress: Progress) -> None:
+def deploy(backend: Backend, progress: Progress) -> None:
     backend.apply([MANIFESTS / "hami"], progress)
+
+
+def wait(backend: Backend, progress: Progress) -> None:
     nodes = [n for n in backend.spec.nodes if n.profile and n.device_plugin.hami]
     device_plugin.wait_advertised(backend, nodes, progress, DEVICE_PLUGIN)
     wait_ready(backend, progress)

@@ -28,8 +28,11 @@ MANIFEST_DIR = MANIFESTS / "kueue"  # samples/ is left out by load_documents
 READY_TIMEOUT = 120.0
 
 
-def start(backend: Backend, progress: Progress) -> None:
+def deploy(backend: Backend, progress: Progress) -> None:
     backend.apply([MANIFEST_DIR], progress)
+
+
+def wait(backend: Backend, progress: Progress) -> None:
     wait_deployment(backend, NAMESPACE, DEPLOYMENT, READY_TIMEOUT, progress)
     progress(f"kueue: {DEPLOYMENT} Ready in {NAMESPACE}; CRDs, webhooks and metrics served")
 

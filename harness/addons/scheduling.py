@@ -41,8 +41,11 @@ def profile_config() -> dict[str, Any]:
     return dict(yaml.safe_load(configmap["data"]["config.yaml"]))
 
 
-def start(backend: Backend, progress: Progress) -> None:
+def deploy(backend: Backend, progress: Progress) -> None:
     backend.apply([MANIFEST_DIR], progress)
+
+
+def wait(backend: Backend, progress: Progress) -> None:
     # the topology updaters' DaemonSet runs where nvidia.com/gpu.present=true: not on the
     # nodes whose GPUs HAMi's device plugin registers (labelled gpu=on instead)
     gpu_nodes = [n.name for n in backend.spec.nodes if n.profile and not n.device_plugin.hami]

@@ -29,8 +29,11 @@ MANIFEST_DIR = MANIFESTS / "volcano"
 READY_TIMEOUT = 120.0
 
 
-def start(backend: Backend, progress: Progress) -> None:
+def deploy(backend: Backend, progress: Progress) -> None:
     backend.apply([MANIFEST_DIR], progress)
+
+
+def wait(backend: Backend, progress: Progress) -> None:
     wait_ready(backend.api(), progress)
 
 

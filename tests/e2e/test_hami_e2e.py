@@ -165,6 +165,8 @@ def test_extender_restart_mid_run_loses_no_allocation(hami: Cluster, ns: str) ->
     # batch would see full cards as empty and binpack the second batch onto them.
     first = [demo.vgpu_pod(f"a-{i}", 2000, 50, BINPACK) for i in range(16)]
     second = [demo.vgpu_pod(f"b-{i}", 2000, 50, BINPACK) for i in range(12)]
+    for pod in first + second:  # three node locks in play, not one (see the test above)
+        pod["metadata"]["annotations"][NODE_POLICY_ANNOTATION] = SPREAD
     for pod in second:  # created while the webhook may be down (failurePolicy Ignore)
         pod["spec"]["schedulerName"] = "hami-scheduler"
     create_concurrently(hami.api, ns, first)

@@ -128,7 +128,7 @@ def test_lab_gang_deadlock_holds_without_the_fix(labs: Cluster) -> None:
     try:
         core = client.CoreV1Api(labs.api)
         bound = []
-        for event in watch.Watch().stream(core.list_namespaced_pod, g.NS, timeout_seconds=25):
+        for event in watch.Watch().stream(core.list_namespaced_pod, g.NS, timeout_seconds=18):
             if event["object"].spec.node_name:
                 bound.append(event["object"].metadata.name)
                 break
