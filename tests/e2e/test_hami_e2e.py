@@ -12,6 +12,7 @@ import copy
 import json
 import random
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,6 +26,7 @@ from kubernetes.client.rest import ApiException
 from demos import hami as demo
 from gpulab.fakegpu.profiles import gpu_uuid
 from gpulab.hami import annotations as ha
+from gpulab.hami.bind import POD_GROUP_LABEL
 from gpulab.hami.score import BINPACK, NODE_POLICY_ANNOTATION, SPREAD
 from gpulab.informer import NODES, PODS, SYNCED, ListWatch, follow
 from gpulab.wait import wait_for
@@ -133,12 +135,18 @@ def test_fifty_concurrent_vgpu_pods_never_overbook_a_gpu(hami: Cluster, ns: str)
     # spread (the pod's hami.io/node-scheduler-policy) deals them over all three nodes, so
     # three node locks are in play at once and their Binds run concurrently; under node
     # binpack all 50 would queue for one node's lock, one pod per Allocate (minutes).
+    # Both paths of a Bind that meets the lock: every fifth pod fails it at once and
+    # comes back after kube-scheduler's back-off (1 s doubling to 10 s: the test's tail);
+    # the others are PodGroup members, whose Bind waits for the lock
+    # (--node-lock-retry-timeout), as v2.10 does for them.
     pods = []
     for i in range(50):
         pod = demo.vgpu_pod(
             f"c-{i}", rng.randrange(1000, 6000, 500), rng.randrange(5, 30, 5), BINPACK
         )
         pod["metadata"]["annotations"][NODE_POLICY_ANNOTATION] = SPREAD
+        if i % 5:
+            pod["metadata"].setdefault("labels", {})[POD_GROUP_LABEL] = "fifty"
         pods.append(pod)
     create_concurrently(hami.api, ns, pods)
     wait_for(
@@ -200,8 +208,14 @@ def test_extender_restart_mid_run_loses_no_allocation(hami: Cluster, ns: str) ->
     after = wait_for(lambda: (d := done()) and len(d) == total and d, 300, f"all {total} pods")
     for name, pod in before.items():  # allocations made before the restart are unchanged
         assert demo.placement(after[name]) == demo.placement(pod)
-    usage = assert_within_capacity(hami.api)
-    assert len(usage) == total // 2 and all(c == 100 for _, _, c in usage.values()), usage
+    usage = assert_within_capacity(hami.api)  # a forgotten card would now hold 150 %
+    assert sum(n for n, _, _ in usage.values()) == total
+    # GPU binpack held across the restart: each node fills a half-used card before it
+    # opens another, so a node ends with at most one card at 50 %
+    halves = Counter(node for (node, _), (_, _, c) in usage.items() if c == 50)
+    assert (
+        all(c in (50, 100) for _, _, c in usage.values()) and max(halves.values(), default=0) <= 1
+    ), usage
     # the new extender rebuilt its books from the annotations: its metrics agree
     ext = hami_addon.extender(hami.backend)
     assert ext is not None
