@@ -103,8 +103,10 @@ class WatchStream:
 
     def close(self) -> None:
         # shutdown() interrupts a read blocked in another thread; close() alone would not.
+        # A watch the server ended (timeoutSeconds) was read to its end and its connection
+        # is back in the pool already: urllib3 refuses to shut that one down.
         shutdown = getattr(self._response, "shutdown", None)
-        if shutdown is not None:
+        if shutdown is not None and getattr(self._response, "connection", None) is not None:
             shutdown()
         self._response.release_conn()
 

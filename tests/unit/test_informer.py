@@ -1,6 +1,6 @@
 """gpulab.informer: the reflector's list/watch/relist logic against a scripted ListWatch.
 
-(The HTTP side runs against the real API server in tests/e2e/test_informer_e2e.py.)
+(The HTTP side, against a server speaking the wire format: tests/component/test_informer_http.py.)
 """
 
 from __future__ import annotations
