@@ -18,6 +18,7 @@ never swallowed silently, and does not stop the informer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -87,6 +88,8 @@ class WatchStream:
 
     def __init__(self, response: Any) -> None:
         self._response = response
+        self._closing = threading.Lock()
+        self._closed = False
 
     def __iter__(self) -> Iterator[tuple[str, Obj]]:
         pending = b""
@@ -102,12 +105,20 @@ class WatchStream:
             yield event.get("type", ""), event.get("object") or {}
 
     def close(self) -> None:
+        # Called by the watching thread when its watch ends and by Informer.stop from
+        # another thread, possibly at once: the first call closes, the second does nothing.
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
         # shutdown() interrupts a read blocked in another thread; close() alone would not.
         # A watch the server ended (timeoutSeconds) was read to its end and its connection
-        # is back in the pool already: urllib3 refuses to shut that one down.
+        # is back in the pool already: urllib3 refuses to shut that one down; a socket
+        # the stream's end closed meanwhile is EBADF. Either way the read is over.
         shutdown = getattr(self._response, "shutdown", None)
         if shutdown is not None and getattr(self._response, "connection", None) is not None:
-            shutdown()
+            with contextlib.suppress(OSError, RuntimeError):
+                shutdown()
         self._response.release_conn()
 
 

@@ -4,6 +4,7 @@ ends at its timeoutSeconds), through the official client's ApiClient and urllib3
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -16,6 +17,9 @@ import pytest
 from kubernetes import client
 
 from gpulab.informer import PODS, SYNCED, ListWatch, Store, reflect
+
+HELD = 100  # the resourceVersion whose watch the server keeps open
+RELEASE = threading.Event()
 
 
 class FakeApiServer(BaseHTTPRequestHandler):
@@ -36,7 +40,16 @@ class FakeApiServer(BaseHTTPRequestHandler):
         rv = int(query["resourceVersion"][0])
         type(self).watches.append(str(rv))
         pod = {"metadata": {"name": f"p{rv}", "namespace": "ns", "resourceVersion": str(rv + 1)}}
-        self._send(json.dumps({"type": "ADDED", "object": pod}).encode() + b"\n")
+        event = json.dumps({"type": "ADDED", "object": pod}).encode() + b"\n"
+        if rv == HELD:  # a watch that stays open: the client's read blocks
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+            RELEASE.wait(10)
+            return
+        self._send(event)
 
     def _send(self, body: bytes) -> None:
         self.send_response(200)
@@ -55,7 +68,9 @@ def server() -> Iterator[str]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeApiServer)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
+    RELEASE.clear()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    RELEASE.set()
     httpd.shutdown()
 
 
@@ -79,3 +94,21 @@ def test_a_watch_the_server_ended_is_resumed_without_a_relist(
     assert FakeApiServer.watches[:3] == ["1", "2", "3"]  # each from the last event's rv
     assert len(FakeApiServer.lists) == 1
     assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+def test_closing_a_watch_whose_socket_is_already_closed_does_not_raise(server: str) -> None:
+    """Informer.stop closes the open watch from the caller's thread while the watching
+    thread, its read interrupted, may have closed the socket already: the shutdown then
+    meets EBADF, which once crashed a demo's exit. Closing twice is a no-op too."""
+    lw = ListWatch(client.ApiClient(client.Configuration(host=server)), PODS)
+    stream = lw.watch(str(HELD))
+    events = iter(stream)  # kept: a dropped generator would hand the connection back
+    assert next(events)[1]["metadata"]["name"] == f"p{HELD}"
+
+    def closed_meanwhile(_how: int) -> None:  # the other thread's close got there first
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    stream._response._sock_shutdown = closed_meanwhile
+    stream.close()
+    assert stream._response.connection is None  # handed back all the same
+    stream.close()
