@@ -113,10 +113,11 @@ class WatchStream:
             self._closed = True
         # shutdown() interrupts a read blocked in another thread; close() alone would not.
         # A watch the server ended (timeoutSeconds) was read to its end and its connection
-        # is back in the pool already: urllib3 refuses to shut that one down; a socket
-        # the stream's end closed meanwhile is EBADF. Either way the read is over.
+        # is back in the pool already: urllib3 refuses to shut that one down
+        # (RuntimeError); a socket the stream's end closed meanwhile is EBADF (OSError).
+        # Either way the read is over.
         shutdown = getattr(self._response, "shutdown", None)
-        if shutdown is not None and getattr(self._response, "connection", None) is not None:
+        if shutdown is not None:
             with contextlib.suppress(OSError, RuntimeError):
                 shutdown()
         self._response.release_conn()

@@ -33,23 +33,21 @@ AFTER_OTHERS = {"kueue"}
 
 
 def start(name: str, backend: Any, progress: Callable[[str], None]) -> None:
-    module = importlib.import_module(ADDONS[name])
-    module.deploy(backend, progress)
-    module.wait(backend, progress)
+    start_all([name], backend, progress)
 
 
 def start_all(names: list[str], backend: Any, progress: Callable[[str], None]) -> None:
     """Start several addons: deploy them all, then wait for each, so that their components
-    start side by side (AFTER_OTHERS last, each on its own)."""
-    first = [n for n in names if n not in AFTER_OTHERS]
-    modules = [importlib.import_module(ADDONS[n]) for n in first]
-    for module in modules:
-        module.deploy(backend, progress)
-    for module in modules:
-        module.wait(backend, progress)
-    for name in names:
-        if name in AFTER_OTHERS:
-            start(name, backend, progress)
+    start side by side (AFTER_OTHERS in a second round, once the others run)."""
+    for group in (
+        [n for n in names if n not in AFTER_OTHERS],
+        [n for n in names if n in AFTER_OTHERS],
+    ):
+        modules = [importlib.import_module(ADDONS[n]) for n in group]
+        for module in modules:
+            module.deploy(backend, progress)
+        for module in modules:
+            module.wait(backend, progress)
 
 
 def wait_deployment(

@@ -80,13 +80,14 @@ def expected_resources(node: NodeSpec) -> dict[str, int]:
 # ---------------------------------------------------------------- deploy
 
 
-def _nodes(backend: Backend) -> list[NodeSpec]:
+def plugin_nodes(backend: Backend) -> list[NodeSpec]:
+    """The GPU nodes this DaemonSet runs on (HAMi's device plugin has the others)."""
     return [n for n in backend.spec.nodes if n.profile and not n.device_plugin.hami]
 
 
 def deploy(backend: Backend, progress: Progress) -> None:
     """Deploy the DaemonSet (and the spec's per-node configs)."""
-    extra = extra_configs(_nodes(backend))
+    extra = extra_configs(plugin_nodes(backend))
     if extra:
         # server-side apply under its own field manager: re-applying the shipped
         # ConfigMap keeps these keys (each key of `data` has its own owner)
@@ -109,7 +110,7 @@ def deploy(backend: Backend, progress: Progress) -> None:
 
 def wait(backend: Backend, progress: Progress) -> None:
     """Until every node with the DaemonSet advertises its devices."""
-    wait_advertised(backend, _nodes(backend), progress)
+    wait_advertised(backend, plugin_nodes(backend), progress)
 
 
 def wait_advertised(

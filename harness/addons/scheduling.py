@@ -19,6 +19,7 @@ import yaml
 from kubernetes import client
 
 from gpulab.wait import WaitTimeout, wait_for
+from harness.addons import device_plugin
 from harness.apply import MANIFESTS, load_documents
 from harness.backends import SYSTEM_NAMESPACE, Backend, pod_ready
 from harness.errors import HarnessError
@@ -48,8 +49,7 @@ def deploy(backend: Backend, progress: Progress) -> None:
 def wait(backend: Backend, progress: Progress) -> None:
     # the topology updaters' DaemonSet runs where nvidia.com/gpu.present=true: not on the
     # nodes whose GPUs HAMi's device plugin registers (labelled gpu=on instead)
-    gpu_nodes = [n.name for n in backend.spec.nodes if n.profile and not n.device_plugin.hami]
-    wait_ready(backend, gpu_nodes, progress)
+    wait_ready(backend, [n.name for n in device_plugin.plugin_nodes(backend)], progress)
 
 
 def wait_ready(backend: Backend, nodes: list[str], progress: Progress) -> None:
