@@ -142,9 +142,41 @@ def fresh_namespace(api: client.ApiClient, prefix: str) -> Iterator[str]:
         core.delete_namespace(name)
 
 
+# Each session cluster stops after the last test of its group (not at the end of the
+# session): an idle cluster keeps taking CPU (about a tenth of a core for the e2e spec)
+# that the other worker's clusters need.
+_LAST_OF_GROUP: dict[str, str] = {}
+_OPEN_GROUPS: dict[str, contextlib.ExitStack] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _LAST_OF_GROUP.clear()
+    for item in session.items:
+        group = work_unit(item.nodeid)
+        if group in SHARED_CLUSTERS:
+            _LAST_OF_GROUP[group] = item.nodeid
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    group = work_unit(item.nodeid)
+    if _LAST_OF_GROUP.get(group) == item.nodeid and group in _OPEN_GROUPS:
+        _OPEN_GROUPS.pop(group).close()
+
+
+@contextlib.contextmanager
+def group_cluster(group: str, options: LabOptions | None = None) -> Iterator[Cluster]:
+    """The session cluster of SHARED_CLUSTERS[group] (spec harness/clusters/<group>.yaml),
+    stopped after the group's last test or at the end of the session, whichever is first."""
+    with contextlib.ExitStack() as stack:
+        _OPEN_GROUPS[group] = stack
+        yield stack.enter_context(running_cluster(group, options))
+    _OPEN_GROUPS.pop(group, None)
+
+
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    with running_cluster("e2e", lab_options(request.config)) as c:
+    with group_cluster("e2e", lab_options(request.config)) as c:
         yield c
 
 
@@ -154,7 +186,7 @@ def scheduling_e2e() -> Iterator[Cluster]:
     its four test modules: one start instead of four. Each module undoes what it changes
     (node taints, peer schedulers, RBAC) and each test's namespace is empty before the
     next starts."""
-    with running_cluster("scheduling-e2e") as c:
+    with group_cluster("scheduling-e2e") as c:
         yield c
 
 
