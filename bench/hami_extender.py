@@ -72,11 +72,13 @@ from gpulab.hami.webhook import WebhookConfig
 from gpulab.informer import PODS as POD_RESOURCE
 from gpulab.informer import SYNCED, Delta, ListWatch, follow
 from gpulab.kube import api_client
+from gpulab.state import cluster_dir
 from gpulab.trace import Tracer
 from gpulab.wait import wait_for
 from harness.addons import hami as hami_addon
 from harness.apply import MANIFESTS, load_documents
 from harness.backends import SYSTEM_NAMESPACE, Backend, get_backend, pod_ready
+from harness.podrunner.runtime import CLUSTER_ENV
 from harness.spec import parse
 
 NODE_COUNTS = (10, 100, 500)
@@ -463,6 +465,96 @@ class ExtenderProbe:
         }
 
 
+def _component(pid: int, cmdline: list[str], in_pod: bool) -> str:
+    """What a process of the cluster is, for the CPU table."""
+    if pid == os.getpid():
+        return "this process: creates the pods, kubelets + Allocate"
+    exe = Path(cmdline[0]).name
+    if exe == "kube-scheduler":
+        return "kube-scheduler (hami-scheduler pod)" if in_pod else "kube-scheduler (default)"
+    if not exe.startswith("python"):
+        return exe
+    for word, name in (
+        ("extender", "HAMi extender (webhook, Filter, Bind)"),
+        ("pod-runner", "pod runner"),
+        ("node-agent", "node agents"),
+    ):
+        if word in cmdline:
+            return name
+    return "other lab processes"
+
+
+class ClusterProbe:
+    """Where one run's work went, from the same run: the API server's requests
+    (``apiserver_request_total`` by verb and resource) and the CPU time of every process
+    of the cluster (its directory in the command line or, for pod containers, in the
+    environment), this process included. The processes are found once, before the
+    window opens, so that opening and closing it reads only their ``stat``."""
+
+    def __init__(self, api: client.ApiClient, cluster_dir: Path) -> None:
+        self.api, self.marker = api, str(cluster_dir)
+        self._requests = self._api_requests()
+        self._components = self._find()
+        self._cpu = self._cpu_by_component()
+        self._t = time.monotonic()
+
+    def _api_requests(self) -> dict[str, float]:
+        resp = self.api.call_api(
+            "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
+        )
+        out: dict[str, float] = defaultdict(float)
+        for family in text_string_to_metric_families(resp.data.decode()):
+            for s in family.samples:
+                if s.name != "apiserver_request_total":
+                    continue
+                kind = s.labels.get("resource") or s.labels.get("subresource") or "-"
+                if s.labels.get("subresource") and s.labels.get("resource"):
+                    kind += "/" + s.labels["subresource"]
+                out[f"{s.labels.get('verb')} {kind}"] += s.value
+        return out
+
+    def _find(self) -> dict[int, str]:
+        """pid -> component, for the processes of the cluster running now."""
+        found: dict[int, str] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                environ = (entry / "environ").read_bytes().decode(errors="replace")
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+            pid = int(entry.name)
+            in_pod = f"{CLUSTER_ENV}={self.marker}" in environ
+            if in_pod or pid == os.getpid() or any(self.marker in a for a in cmdline):
+                found[pid] = _component(pid, cmdline, in_pod)
+        return found
+
+    def _cpu_by_component(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for pid, component in self._components.items():
+            try:
+                out[component] += _cpu_seconds(pid)
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+        return out
+
+    def result(self, pods: int) -> Obj:
+        cpu, window = self._cpu_by_component(), time.monotonic() - self._t
+        requests = self._api_requests()
+        per_pod = {
+            k: (v - self._requests.get(k, 0.0)) / pods
+            for k, v in requests.items()
+            if v - self._requests.get(k, 0.0) >= 0.05 * pods
+        }
+        used = {k: max(v - self._cpu.get(k, 0.0), 0.0) for k, v in cpu.items()}
+        return {
+            "requests_per_pod": per_pod,
+            "cpu_ms_per_pod": {k: 1000 * v / pods for k, v in used.items() if v > 0},
+            "cores_busy": sum(used.values()) / window,
+        }
+
+
 def _schedule(
     api: client.ApiClient,
     kubelets: Kubelets,
@@ -470,9 +562,11 @@ def _schedule(
     pods: list[Obj],
     labels: dict[str, str],
     allocated: bool,
+    cluster: Path,
 ) -> Obj:
     """Create ``pods`` at once (8 in flight) in a new namespace; done when all are bound
-    (``allocated`` False) or allocated by the device plugin (True), as the watch sees it."""
+    (``allocated`` False) or allocated by the device plugin (True), as the watch sees it.
+    The work of ``cluster``'s processes is measured from the first create to done."""
     core = client.CoreV1Api(api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels=labels)))
     wait_for(lambda: core.list_namespaced_service_account(ns).items, 30, "default ServiceAccount")
@@ -480,6 +574,7 @@ def _schedule(
         kubelets.bound_at[ns],
         (kubelets.allocated_at if allocated else kubelets.bound_at)[ns],
     )
+    probe = ClusterProbe(api, cluster)
     start = time.monotonic()
     marks: dict[str, float] = {}
 
@@ -492,6 +587,7 @@ def _schedule(
     creator.start()
     wait_for(lambda: len(done) == len(pods), TIMEOUT, f"{len(pods)} pods done in {ns}", 0.05)
     finished = max(done.values()) - start
+    work = probe.result(len(pods))
     creator.join()
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod(ns).items, 120, f"pods of {ns} to go", 1.0)
@@ -501,6 +597,7 @@ def _schedule(
         "bound_s": max(bound.values()) - start,
         "done_s": finished,
         "pods_per_s": len(pods) / finished,
+        **work,
     }
 
 
@@ -565,6 +662,7 @@ class Chain:
     def __init__(self, backend: Backend, progress: Callable[[str], None]) -> None:
         self.backend = backend
         self.api = backend.api()
+        self.cluster_dir = cluster_dir(backend.spec.name)
         nodes = {n.name: profile_gpus(n.name, n.profile) for n in backend.spec.nodes if n.profile}
         self.cards = sum(len(g) for g in nodes.values())
         ext = hami_addon.extender(backend)
@@ -595,15 +693,14 @@ class Chain:
         ns = f"bench-{label.replace('_', '-')}{suffix}"
         if kind == "plain":
             pods = [_plain_pod(f"p-{i}") for i in range(PODS)]
-            return _schedule(
-                self.api, self.kubelets, ns, pods, {"hami.io/webhook": "ignore"}, False
-            )
+            ignore = {"hami.io/webhook": "ignore"}
+            return _schedule(self.api, self.kubelets, ns, pods, ignore, False, self.cluster_dir)
         if flag:
             _restart_extender(self.backend, flag)
             self.wait_registered("the restarted extender to register the GPUs")
         probe = ExtenderProbe(self.metrics_url, hami_addon.extender_pid(self.backend))
         pods = [_vgpu_pod(f"v-{i}", policy) for i in range(PODS)]
-        out = _schedule(self.api, self.kubelets, ns, pods, {}, True)
+        out = _schedule(self.api, self.kubelets, ns, pods, {}, True, self.cluster_dir)
         out.update(probe.result())
         return out
 
@@ -781,11 +878,13 @@ def section(r: Obj) -> list[str]:
         f"for /filter: {spread['filter_ms']:.0f} ms on average, nearly all of it the pod",
         "PATCH that Filter makes before it answers (as upstream's Filter does), on an API server",
         "shared with everything else on 2 cores; the extender's own CPU stays low "
-        f"({100 * spread['extender_cpu']:.0f} %). Per pod the HAMi chain makes about five times",
-        "the API requests of the default scheduler's (the webhook call, Filter's PATCH, Bind's",
-        "lock GETs and PATCH, its pod PATCH and Binding, Allocate's PATCH and the lock's",
-        "release, the Events of both), so on a CPU-bound API server it cannot keep up with a",
-        "scheduler that only POSTs a Binding. The experiment `--gpulab-async-filter-patch`",
+        f"({100 * spread['extender_cpu']:.0f} %). Per pod the HAMi chain makes "
+        + _requests_ratio(t)
+        + " the API requests of the default scheduler's (the tables below: Filter's PATCH, "
+        "Bind's lock GETs and PATCH, its pod PATCH and Binding, Allocate's reads, PATCH and "
+        "the lock's release, the Events of both), so on a CPU-bound API server it cannot keep "
+        "up with a scheduler that only POSTs a Binding. The experiment "
+        "`--gpulab-async-filter-patch`",
         "answers first and writes meanwhile, Bind waiting for the write (not upstream's",
         "order): it shows what that wait costs.",
         "Binpack sends every pod to the fullest node: the pods queue for that node's",
@@ -801,12 +900,104 @@ def section(r: Obj) -> list[str]:
         "at the rate of Bind alone, as spread shows.",
         f"In-process device plugins: {t.get('plugin_failures', 0)} failed Allocates.",
         "",
+        *_work_section(t),
         f"Memory: the extender's caches for {m['nodes']} nodes x 8 GPUs and {m['pods']} vGPU pods "
         f"(informer stores + scheduler), RSS **{m['rss_mib']:.0f} MiB** in a fresh process "
         f"({m['baseline_mib']:.0f} MiB of it before building them: interpreter and imports). "
         "Part of the caches is the trace's record of the Events it wrote (kept 6 minutes to",
         "aggregate repeats into series); those Event models share one client Configuration.",
     ]
+
+
+def _work_section(t: Obj) -> list[str]:
+    """Where the main runs' work went, per pod, and what 0.5x would need on this machine."""
+    runs = [k for k in MAIN_RUNS if "cpu_ms_per_pod" in t.get(k, {})]
+    if "spread" not in runs or "plain" not in runs:
+        return []
+    cpu = {k: t[k]["cpu_ms_per_pod"] for k in runs}
+    components = sorted({c for k in runs for c in cpu[k]}, key=lambda c: -cpu["spread"].get(c, 0))
+    total = {k: sum(cpu[k].values()) for k in runs}
+    req = {k: t[k]["requests_per_pod"] for k in runs}
+    kinds = sorted({r for k in runs for r in req[k]}, key=lambda r: -req["spread"].get(r, 0))
+    half = 0.5 * t["plain"]["pods_per_s"]
+    cores = os.cpu_count() or 2
+
+    def cells(values: dict[str, float], fmt: str) -> str:
+        return " | ".join(fmt.format(values[k]) if k in values else "—" for k in runs)
+
+    header = " | ".join(RUN_LABELS[k] for k in runs)
+    return [
+        "Where the work went, per pod, in the same runs, from the first create until the",
+        "last pod was done: the API server's requests (`apiserver_request_total`, kinds of at",
+        "least 0.05 per pod) and the CPU time of every process of the cluster, this",
+        "benchmark's process (pod creation, the pod watch, the in-process kubelets and device",
+        "plugins) included.",
+        "",
+        f"| API requests per pod | {header} |",
+        "|---|" + "---|" * len(runs),
+        *(
+            f"| {r} | " + cells({k: req[k][r] for k in runs if r in req[k]}, "{:.2f}") + " |"
+            for r in kinds
+        ),
+        "| **all** | " + cells({k: sum(req[k].values()) for k in runs}, "**{:.1f}**") + " |",
+        "",
+        f"| CPU per pod (ms) | {header} |",
+        "|---|" + "---|" * len(runs),
+        *(
+            f"| {c} | " + cells({k: cpu[k][c] for k in runs if c in cpu[k]}, "{:.1f}") + " |"
+            for c in components
+        ),
+        "| **all** | " + cells(total, "**{:.0f}**") + " |",
+        "",
+        "Cores busy (the processes' CPU time over the run's wall time): "
+        + ", ".join(
+            f"{RUN_LABELS[k]} {t[k]['cores_busy']:.2f}" for k in runs if "cores_busy" in t[k]
+        )
+        + f" of {cores}.",
+        "",
+        *(_bound_by_cpu(t, total, cpu) if "cores_busy" in t["spread"] else []),
+        f"Half the default scheduler's rate is {half:.1f} pods/s. At that rate spread's "
+        f"{total['spread']:.0f} ms of CPU per pod would need "
+        f"{half * total['spread'] / 1000:.1f} cores, the API server's share alone "
+        f"{half * cpu['spread'].get('kube-apiserver', 0) / 1000:.1f}; this machine has {cores}, "
+        "shared by the control plane, the nodes' components and the workload generator. The",
+        "requests are upstream's: v2.10.0's `LockNode` and `SetNodeLock` each GET the node "
+        "before their merge PATCH, `ReleaseNodeLock` GETs it twice, the device plugin reads",
+        "the lock from the node and the pod it names, and Filter, Bind and Allocate each",
+        "PATCH the pod (`pkg/util/nodelock/nodelock.go`, `pkg/util/util.go`).",
+        "",
+    ]
+
+
+def _bound_by_cpu(t: Obj, total: dict[str, float], cpu: dict[str, dict[str, float]]) -> list[str]:
+    """When both runs kept the machine busy, their rates are the inverse of their CPU."""
+    busy = min(t["plain"]["cores_busy"], t["spread"]["cores_busy"])
+    if busy < 0.9 * (os.cpu_count() or 2):
+        return []
+    need = 2 * total["plain"]
+    return [
+        f"Both runs kept the cores busy, so the ratio of their rates is the inverse ratio of "
+        f"their CPU per pod: {total['plain']:.0f} / {total['spread']:.0f} = "
+        f"{total['plain'] / total['spread']:.2f} (measured: "
+        f"{t['spread']['pods_per_s'] / t['plain']['pods_per_s']:.2f}x). For 0.5x the whole "
+        f"chain would have to cost at most {need:.0f} ms of CPU per pod; upstream's "
+        f"{sum(t['spread']['requests_per_pod'].values()):.0f} requests per pod cost the API "
+        f"server alone {cpu['spread'].get('kube-apiserver', 0):.0f} ms.",
+        "",
+    ]
+
+
+def _requests_ratio(t: Obj) -> str:
+    """'N.Nx' the default scheduler's requests per pod, if this run measured them."""
+    if "requests_per_pod" not in t["spread"] or "requests_per_pod" not in t["plain"]:
+        return "several times"
+    ratio = sum(t["spread"]["requests_per_pod"].values()) / sum(
+        t["plain"]["requests_per_pod"].values()
+    )
+    return f"{ratio:.1f}x"
+
+
+RUN_LABELS = {"plain": "default-scheduler", "spread": "HAMi spread", "binpack": "HAMi binpack"}
 
 
 if __name__ == "__main__":

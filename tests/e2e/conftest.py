@@ -50,7 +50,7 @@ SESSION_CLUSTER_FIXTURES = {"cluster": "e2e", "scheduling_e2e": "scheduling-e2e"
 # start the longest first so that both workers finish at about the same time.
 SECONDS = {
     "test_labs.py": 244,
-    "e2e": 225,
+    "e2e": 195,
     "test_hami_e2e.py": 173,
     "scheduling-e2e": 113,
     "test_gpu_operator.py": 110,
@@ -58,6 +58,7 @@ SECONDS = {
     "test_lab_mig.py": 89,
     "test_dashboard_browser.py": 72,
     "test_lab_volcano.py": 41,
+    "test_device_plugin_demo.py": 30,  # was part of "e2e"
     "test_external_backend.py": 28,
     "test_lifecycle.py": 17,
     "test_plugin_in_a_project.py": 14,

@@ -8,7 +8,6 @@ advertises capacity and calls Allocate on binding.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -18,8 +17,6 @@ from demos.cluster import gpu_pod_spec
 from gpulab.fakegpu import faults, profiles
 from gpulab.wait import WaitTimeout, wait_for
 from harness.addons.device_plugin import COMPONENT
-from harness.local import LocalCluster
-from harness.spec import load
 
 
 def _allocatable(cluster, node: str) -> dict[str, str]:
@@ -181,18 +178,3 @@ def test_pod_over_the_nodes_free_devices_fails_admission(cluster, namespace) -> 
     )
     assert pod.status.reason == "UnexpectedAdmissionError"
     assert f"Requested: {free + 1}, Available: {free}" in pod.status.message
-
-
-@pytest.mark.local_backend
-def test_the_demo_passes_from_a_stopped_cluster() -> None:
-    """`gpulab down; make demo-device-plugin`, on a cluster of the demo's shape."""
-    from demos import device_plugin as demo
-
-    spec_name = "device-plugin-e2e"
-    local = LocalCluster(load(spec_name))
-    local.down(print)
-    assert not local.running()
-    try:
-        assert demo.run(argparse.Namespace(spec=spec_name, backend="local")) == 0
-    finally:
-        local.down(print)
