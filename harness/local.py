@@ -668,18 +668,26 @@ class LocalCluster(ClusterAPI):
         progress(f"cluster {self.spec.name} stopped ({len(procs)} processes)")
 
 
-def _stop(*recs: ProcessRecord, grace: float = 10.0) -> None:
-    """SIGTERM each process's group, wait up to ``grace`` for all, SIGKILL what is left."""
+STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
+
+
+def _stop(*recs: ProcessRecord) -> None:
+    """SIGTERM each process's group, wait up to STOP_GRACE for all, SIGKILL what is left
+    and wait until it is gone: a process restarted under its name must not find the old
+    one still dying (its record would be kept, and check_alive would report the old
+    process's death as the new one's)."""
     alive = [r for r in recs if pid_alive(r.pid, r.exe)]
     for rec in alive:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(rec.pid, signal.SIGTERM)
     with contextlib.suppress(WaitTimeout):
-        wait_for(lambda: not any(pid_alive(r.pid, r.exe) for r in alive), grace, "exit", 0.02)
-    for rec in alive:
-        if pid_alive(rec.pid, rec.exe):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(rec.pid, signal.SIGKILL)
+        wait_for(lambda: not any(pid_alive(r.pid, r.exe) for r in alive), STOP_GRACE, "exit", 0.02)
+    left = [r for r in alive if pid_alive(r.pid, r.exe)]
+    for rec in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rec.pid, signal.SIGKILL)
+    with contextlib.suppress(WaitTimeout):
+        wait_for(lambda: not any(pid_alive(r.pid, r.exe) for r in left), 5.0, "exit", 0.02)
 
 
 def _has_default_sa(core: Any) -> bool:
