@@ -192,9 +192,11 @@ def test_waiting_members_time_out_together() -> None:
     assert not binder.bound
     notes = {name: n for name, reason, n in io_.events if reason == "FailedScheduling"}
     assert set(notes) == {"slow-0", "slow-1", "slow-2"}
-    # the first to time out unreserves and rejects the rest (unless their timers won)
-    assert "rejected due to timeout after waiting 3s at plugin Coscheduling" in notes["slow-0"]
-    assert all("timeout" in n or "rejection in Unreserve" in n for n in notes.values())
+    # the first timer to fire (any of the three: they start within milliseconds) unreserves
+    # and rejects the rest, unless their own timers fire first too
+    timeout = "rejected due to timeout after waiting 3s at plugin Coscheduling"
+    assert any(timeout in n for n in notes.values()), notes
+    assert all(timeout in n or "rejection in Unreserve" in n for n in notes.values()), notes
 
 
 def test_prefilter_needs_min_member_pods_and_a_known_podgroup() -> None:
