@@ -11,16 +11,19 @@ marked `local_backend` (host processes, fault files) are skipped there.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from harness.local import LocalCluster
 from harness.pytest_plugin import GpulabManager, LabOptions, lab_cluster, lab_options
+from harness.spec import load
 
 # What the tests' `cluster` is: spec, api, kubeconfig, local (the LocalCluster) and the
 # k8s fixture's kubectl()/apply()/wait()/logs().
@@ -123,6 +126,17 @@ def running_cluster(spec_name: str, options: LabOptions | None = None) -> Iterat
     options = options or LabOptions(backend="local")
     with lab_cluster(options, spec_name) as c:
         yield c
+
+
+def run_demo_from_stopped(spec_name: str, run: Callable[[argparse.Namespace], int]) -> None:
+    """`gpulab down; make demo-X` on a local cluster of the demo's shape, stopped after."""
+    local = LocalCluster(load(spec_name))
+    local.down(print)
+    assert not local.running()
+    try:
+        assert run(argparse.Namespace(spec=spec_name, backend="local")) == 0
+    finally:
+        local.down(print)
 
 
 @contextlib.contextmanager

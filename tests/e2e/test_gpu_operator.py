@@ -9,7 +9,6 @@ and the demo (which brings the cluster down) come last.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import threading
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import Cluster, running_cluster
+from conftest import Cluster, run_demo_from_stopped, running_cluster
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -32,9 +31,7 @@ from gpulab.gpuoperator import render, states
 from gpulab.informer import NODES, Handlers, Informer, ListWatch
 from gpulab.wait import WaitTimeout, wait_for
 from harness.apply import MANIFESTS
-from harness.local import LocalCluster
 from harness.podrunner import volumes
-from harness.spec import load
 
 SPEC = "gpu-operator-e2e"
 NS = "gpu-operator"
@@ -593,10 +590,4 @@ def test_disabling_the_device_plugin_deletes_it_and_the_gpus_leave_allocatable(
 def test_the_demo_passes_from_a_stopped_cluster(cluster: Cluster) -> None:
     """`gpulab down; make demo-gpu-operator`, on a cluster of the demo's shape (last: it
     replaces this module's cluster)."""
-    local = LocalCluster(load(SPEC))
-    local.down(print)
-    assert not local.running()
-    try:
-        assert demo.run(argparse.Namespace(spec=SPEC, backend="local")) == 0
-    finally:
-        local.down(print)
+    run_demo_from_stopped(SPEC, demo.run)
