@@ -78,7 +78,7 @@ from gpulab.wait import wait_for
 from harness.addons import hami as hami_addon
 from harness.apply import MANIFESTS, load_documents
 from harness.backends import SYSTEM_NAMESPACE, Backend, get_backend, pod_ready
-from harness.podrunner.runtime import CLUSTER_ENV
+from harness.podrunner.runtime import find_leftovers
 from harness.spec import parse
 
 NODE_COUNTS = (10, 100, 500)
@@ -515,17 +515,17 @@ class ClusterProbe:
 
     def _find(self) -> dict[int, str]:
         """pid -> component, for the processes of the cluster running now."""
+        in_pods = set(find_leftovers(Path(self.marker)))  # the pod runner's containers
         found: dict[int, str] = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 cmdline = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-                environ = (entry / "environ").read_bytes().decode(errors="replace")
             except OSError:
-                continue  # gone meanwhile, or not ours to read
+                continue  # gone meanwhile
             pid = int(entry.name)
-            in_pod = f"{CLUSTER_ENV}={self.marker}" in environ
+            in_pod = pid in in_pods
             if in_pod or pid == os.getpid() or any(self.marker in a for a in cmdline):
                 found[pid] = _component(pid, cmdline, in_pod)
         return found
