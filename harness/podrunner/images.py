@@ -29,6 +29,7 @@ class Image:
     path: tuple[str, ...] = ()
     links: dict[str, str] = field(default_factory=dict)
     adapter: str | None = None
+    preload: tuple[str, ...] = ()  # modules a fork server imports once (forkserver.py)
 
     @property
     def search_path(self) -> tuple[str, ...]:
@@ -78,6 +79,7 @@ def load(cluster_dir: Path, table: Path = TABLE) -> dict[str, Image]:
             path=tuple(_fill(p, cluster_dir) for p in spec.get("path") or ()),
             links={k: _fill(v, cluster_dir) for k, v in (spec.get("links") or {}).items()},
             adapter=adapter,
+            preload=tuple(spec.get("preload") or ()),
         )
         if image.links:
             link_dir = Path(image.path[0])

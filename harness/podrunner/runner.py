@@ -23,6 +23,9 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +40,7 @@ from gpulab.trace import ObjectRef, Tracer
 from harness.podrunner import container as containers
 from harness.podrunner import probes, runtime, volumes
 from harness.podrunner.api import RunnerAPI
+from harness.podrunner.forkserver import ForkServer
 from harness.podrunner.images import LAB_IMAGE, Image
 from harness.podrunner.network import PodIPs
 from harness.podrunner.status import ContainerStatus, now_rfc3339, pod_status
@@ -50,6 +54,10 @@ _VOLUME_RESYNC_SECONDS = 30.0
 _MOUNT_RETRY_SECONDS = 1.0  # kubelet retries a failed mount within a second or two
 # kubelet: a container that ran this long has its back-off reset
 _BACKOFF_RESET_SECONDS = 600.0
+
+
+def _slug(image: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", image.lower()).strip("-")
 
 
 def is_lab_pod(pod: Mapping[str, Any]) -> bool:
@@ -88,6 +96,22 @@ class PodRunner:
         self.api = api
         self.ips = ips
         self.spawner = runtime.Spawner()
+        self.forkers = {
+            name: ForkServer(
+                config.cluster_dir / f"{_slug(name)}.fork.sock",
+                image.preload,
+                {
+                    **image.env,
+                    "PATH": ":".join(image.search_path),
+                    runtime.CLUSTER_ENV: str(config.cluster_dir),
+                },
+                Path(sys.executable).parent,
+                config.cluster_dir / "logs" / f"{_slug(name)}.fork-server.log",
+                self._launch,
+            )
+            for name, image in config.images.items()
+            if image.preload
+        }
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.RLock()
         self._tracers: dict[str, Tracer] = {}
@@ -108,7 +132,16 @@ class PodRunner:
                 self._tracers[node] = Tracer("pod-runner", self.api.api, instance=node)
             return self._tracers[node]
 
+    def _launch(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            return self.spawner.spawn(
+                lambda: runtime.launch(argv, env, self.config.cluster_dir, out)
+            )
+
     def start(self) -> None:
+        for forker in self.forkers.values():
+            forker.start()
         self.pods.start()
 
     def stop(self, grace: float = 10.0) -> None:
@@ -120,6 +153,8 @@ class PodRunner:
             w.shutdown()
         for w in workers:
             w.join(timeout=grace + 2)
+        for forker in self.forkers.values():
+            forker.stop()
         self.spawner.stop()
 
     def _changed(self, pod: Obj) -> None:
@@ -402,6 +437,7 @@ class PodWorker(threading.Thread):
                 log,
                 self.dir / "work" / name,
                 {runtime.CLUSTER_ENV: str(self.cfg.cluster_dir), runtime.POD_UID_ENV: self.uid},
+                self.runner.forkers.get(c.image.name),
             )
         except containers.ContainerError as exc:
             c.status.state = {"waiting": {"reason": exc.reason, "message": str(exc)}}

@@ -1,8 +1,9 @@
 """The container runtime of the local backend: containers as host processes.
 
 What containerd + runc are for kubelet, reduced to what a host process can be: each
-container is a process (its own process group, started with ``setpriv --pdeathsig KILL``
-where util-linux has it, so it cannot outlive the pod runner), its stdout and stderr
+container is a process in its own session that cannot outlive the pod runner (exec'd
+with ``setpriv --pdeathsig KILL`` where util-linux has it, or forked by the image's fork
+server when it runs one of the lab's console scripts: forkserver.py), its stdout and stderr
 written in the CRI log format kubelet keeps under ``/var/log/pods`` (here
 ``<cluster>/logs/pods/<namespace>_<pod>_<uid>/<container>/<restartCount>.log``), which kwok
 serves to ``kubectl logs``. Every process carries ``GPULAB_CLUSTER_DIR`` and
@@ -27,6 +28,7 @@ from typing import IO
 
 from gpulab.wait import WaitTimeout, wait_for
 from harness.podrunner.container import Plan
+from harness.podrunner.forkserver import ForkedProcess, ForkServer
 
 CLUSTER_ENV = "GPULAB_CLUSTER_DIR"
 POD_UID_ENV = "GPULAB_POD_UID"
@@ -75,7 +77,7 @@ class Spawner:
 class Process:
     """A running container process and the threads copying its output to the log."""
 
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | ForkedProcess
     log: Path
     started: dt.datetime
     _copiers: list[threading.Thread] = field(default_factory=list)
@@ -111,6 +113,24 @@ class Process:
         return 137 if code is None else code
 
 
+def launch(
+    argv: list[str], env: dict[str, str], cwd: Path, output: int | IO[bytes] = subprocess.PIPE
+) -> subprocess.Popen[bytes]:
+    """Exec ``argv`` in a session of its own, killed when the runner dies (call it on the
+    :class:`Spawner`'s thread)."""
+    if _SETPRIV:
+        argv = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=output,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
 def _copy(stream: IO[bytes], name: str, sink: IO[bytes], lock: threading.Lock) -> None:
     for line in iter(stream.readline, b""):
         with lock:
@@ -126,30 +146,19 @@ def start(
     log: Path,
     cwd: Path,
     marker: dict[str, str],
+    forker: ForkServer | None = None,
 ) -> Process:
-    """Start a container process for ``plan`` (``executable`` resolves ``plan.argv[0]``)."""
+    """Start a container process for ``plan`` (``executable`` resolves ``plan.argv[0]``):
+    forked by ``forker`` when it can, else exec'd."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    sink = log.open("ab")
-    lock = threading.Lock()
-    argv = [executable, *plan.argv[1:]]
-    if _SETPRIV:
-        argv = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
     env = {**plan.env, **marker}
     workdir = Path(plan.cwd) if plan.cwd else cwd
     workdir.mkdir(parents=True, exist_ok=True)
-
-    def popen() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=workdir,
-            start_new_session=True,
-        )
-
-    proc = spawner.spawn(popen)
+    proc = forker.spawn(executable, plan.argv, env, workdir) if forker else None
+    if proc is None:
+        proc = spawner.spawn(lambda: launch([executable, *plan.argv[1:]], env, workdir))
+    sink = log.open("ab")
+    lock = threading.Lock()
     started = dt.datetime.now(dt.UTC)
     copiers = []
     for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
