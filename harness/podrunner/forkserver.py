@@ -54,6 +54,7 @@ DISTRIBUTION = "gpu-scheduling-lab"
 STARTUP_PREFIXES = ("LD_", "PYTHON", "LC_")
 STARTUP_NAMES = ("LANG", "TZ")
 READY_SECONDS = 60.0
+REQUEST_SECONDS = 30.0
 _HEADER = struct.Struct("!I")
 _STDIO = 3  # stdin, stdout, stderr
 
@@ -198,10 +199,12 @@ class ForkServer:
         stdin = os.open(os.devnull, os.O_RDONLY)
         try:
             body = request.encode()
+            conn.settimeout(REQUEST_SECONDS)
             socket.send_fds(conn, [_HEADER.pack(len(body))], [stdin, pipes[0][1], pipes[1][1]])
             conn.sendall(body)
             with conn.makefile("rb") as reader:
                 reply = reader.readline().decode().strip()
+            conn.settimeout(None)  # the exit status may take the container's lifetime
         except OSError:
             conn.close()
             for r, _w in pipes:
@@ -375,6 +378,8 @@ def serve(socket_path: Path, preload: Sequence[str]) -> _Child:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
     waiting: dict[int, socket.socket] = {}  # child pid -> where its exit status goes
+    # taken here: a child asking os.getppid() after the server died would get its reaper
+    server = os.getpid()
     print(f"fork server {os.getpid()}: imported {', '.join(preload)}; listening", flush=True)
     while True:
         readable, _, _ = select.select([listener, wake_r], [], [])
@@ -386,15 +391,19 @@ def serve(socket_path: Path, preload: Sequence[str]) -> _Child:
         if listener not in readable:
             continue
         conn, _ = listener.accept()
+        conn.settimeout(REQUEST_SECONDS)  # a client that stalls must not stall the others
         try:
             request, stdio = _receive(conn)
         except (OSError, ValueError, TypeError) as exc:
-            print(f"fork server: bad request: {exc}", file=sys.stderr, flush=True)
-            with contextlib.suppress(OSError):
-                conn.sendall(f"error {exc}\n".encode())
-            conn.close()
+            _refuse(conn, f"bad request: {exc}")
             continue
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in stdio:
+                os.close(fd)
+            _refuse(conn, f"fork failed: {exc}")
+            continue
         if pid == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -402,13 +411,20 @@ def serve(socket_path: Path, preload: Sequence[str]) -> _Child:
                 other.close()
             os.close(wake_r)
             os.close(wake_w)
-            return _Child(request, stdio, os.getppid())
+            return _Child(request, stdio, server)
         for fd in stdio:
             os.close(fd)
         # if the runner went away, the child is reaped all the same
         with contextlib.suppress(OSError):
             conn.sendall(f"{pid}\n".encode())
         waiting[pid] = conn
+
+
+def _refuse(conn: socket.socket, why: str) -> None:
+    print(f"fork server: {why}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        conn.sendall(f"error {why}\n".encode())
+    conn.close()
 
 
 def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
