@@ -48,9 +48,10 @@ lint: venv
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 
-# two workers: each e2e cluster group runs on one of them (tests/e2e/conftest.py work_unit)
+# three workers: two run the e2e cluster groups, one the unit and component tests
+# (tests/e2e/conftest.py pytest_xdist_make_scheduler)
 test: setup test-peers lint chromium
-	@$(BIN)/pytest -ra -n 2 --dist loadgroup --durations=15
+	@$(BIN)/pytest -ra -n 3 --dist loadgroup --durations=15
 
 test-unit: venv fake-gpu
 	@$(BIN)/pytest -ra -m "not e2e"

@@ -36,7 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.gpulab_backend = "local"
 
 
-# `make test` runs on two pytest-xdist workers (`-n 2 --dist loadgroup`). Each e2e module
+# `make test` runs on three pytest-xdist workers (`-n 3 --dist loadgroup`), two of them
+# for the e2e units (see pytest_xdist_make_scheduler). Each e2e module
 # brings up its own cluster (its spec's ports), except modules that share a session
 # cluster: those are one unit of work, run by one worker in order.
 SHARED_CLUSTERS = {
@@ -102,17 +103,48 @@ def _check_shared_cluster(item: pytest.Item) -> None:
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`pytest -n 2 --dist loadgroup` (make test): one unit of work per cluster group
-    (work_unit), handed out in collection order (longest first). Grouped by path here:
-    pytest 9.2 no longer sees the `@group` suffix pytest-xdist 3.8 writes into node ids
-    for `xdist_group` marks."""
+    """`pytest -n 3 --dist loadgroup` (make test): one unit of work per cluster group
+    (work_unit), handed out in collection order (longest first). With three workers or
+    more the last one runs only unit and component tests, from the start, beside the
+    others' clusters: they fill the CPU the clusters leave idle while they wait, and no
+    more than two clusters run at once. Grouped by path here: pytest 9.2 no longer sees
+    the `@group` suffix pytest-xdist 3.8 writes into node ids for `xdist_group` marks."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByCluster(LoadScopeScheduling):
+        def __init__(self, config: pytest.Config, log: Any = None) -> None:
+            super().__init__(config, log)
+            self.e2e_units: set[str] = set()
+
         def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
+            unit = work_unit(nodeid)
+            if nodeid.startswith("tests/e2e/"):
+                self.e2e_units.add(unit)
+            return unit
+
+        def _next_unit(self, node: Any) -> str | None:
+            light = len(self.nodes) >= 3 and node is self.nodes[-1]
+            return next((u for u in self.workqueue if not (light and u in self.e2e_units)), None)
+
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if self._next_unit(node) is None:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            unit = self._next_unit(node)
+            if unit is None:
+                node.shutdown()
+                return
+            tests = self.workqueue.pop(unit)
+            self.assigned_work.setdefault(node, {})[unit] = tests
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(t) for t, done in tests.items() if not done])
 
     config.option.loadscopereorder = False  # keep the longest-first order
     return ByCluster(config, log)
