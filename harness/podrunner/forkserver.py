@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
+from typing import BinaryIO
 
 from gpulab.wait import WaitTimeout, wait_for
 
@@ -114,18 +115,22 @@ class Request:
 class ForkedProcess:
     """What the runner uses of a ``subprocess.Popen``, for a child of the server."""
 
-    def __init__(self, conn: socket.socket, pid: int, stdout: int, stderr: int) -> None:
+    def __init__(
+        self, conn: socket.socket, reader: BinaryIO, pid: int, stdout: int, stderr: int
+    ) -> None:
         self.pid = pid
         self.stdout = os.fdopen(stdout, "rb")
         self.stderr = os.fdopen(stderr, "rb")
         self.returncode: int | None = None
         self._done = threading.Event()
-        self._conn = conn
+        self._conn, self._reader = conn, reader
         threading.Thread(target=self._await_exit, name=f"forked-{pid}", daemon=True).start()
 
     def _await_exit(self) -> None:
-        with self._conn, self._conn.makefile("rb") as reader:
-            line = reader.readline()
+        # the reader that read the pid: it may hold the status already, if the child
+        # exited before the runner read its pid
+        with self._conn, self._reader:
+            line = self._reader.readline()
         # no status means the server died, and PR_SET_PDEATHSIG killed the child with it
         self.returncode = int(line) if line.strip() else -signal.SIGKILL
         self._done.set()
@@ -165,12 +170,9 @@ class ForkServer:
     def start(self) -> None:
         """Start the server (it takes about a second to import; the first spawn waits)."""
         with self._lock:
-            self._start()
-
-    def _start(self) -> None:
-        self.socket_path.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", __name__, str(self.socket_path), *self.preload]
-        self._server = self._launch(argv, self.env, self.log)
+            self.socket_path.unlink(missing_ok=True)
+            argv = [sys.executable, "-m", __name__, str(self.socket_path), *self.preload]
+            self._server = self._launch(argv, self.env, self.log)
 
     def spawn(
         self, executable: str, argv: Sequence[str], env: Mapping[str, str], cwd: Path
@@ -188,13 +190,17 @@ class ForkServer:
         )
         try:
             return self._request(request)
-        except (OSError, ValueError, WaitTimeout) as exc:
+        except ValueError as exc:  # this request refused (a failed fork): exec this one
+            _log.warning("fork server: %s; starting %s with exec", exc, executable)
+            return None
+        except (OSError, WaitTimeout) as exc:
             _log.warning("fork server: %s; starting containers with exec instead", exc)
             self._broken = True
             return None
 
     def _request(self, request: Request) -> ForkedProcess:
         conn = self._connect()
+        reader = conn.makefile("rb")
         pipes = [os.pipe(), os.pipe()]
         stdin = os.open(os.devnull, os.O_RDONLY)
         try:
@@ -202,10 +208,12 @@ class ForkServer:
             conn.settimeout(REQUEST_SECONDS)
             socket.send_fds(conn, [_HEADER.pack(len(body))], [stdin, pipes[0][1], pipes[1][1]])
             conn.sendall(body)
-            with conn.makefile("rb") as reader:
-                reply = reader.readline().decode().strip()
+            reply = reader.readline().decode().strip()
             conn.settimeout(None)  # the exit status may take the container's lifetime
-        except OSError:
+            if not reply.isdigit():
+                raise ValueError(f"the server refused to fork: {reply or 'no reply'}")
+        except (OSError, ValueError):
+            reader.close()
             conn.close()
             for r, _w in pipes:
                 os.close(r)
@@ -214,12 +222,7 @@ class ForkServer:
             os.close(stdin)
             for _r, w in pipes:
                 os.close(w)
-        if not reply.isdigit():
-            conn.close()
-            for r, _w in pipes:
-                os.close(r)
-            raise ValueError(f"the server refused to fork: {reply or 'no reply'}")
-        return ForkedProcess(conn, int(reply), pipes[0][0], pipes[1][0])
+        return ForkedProcess(conn, reader, int(reply), pipes[0][0], pipes[1][0])
 
     def _connect(self) -> socket.socket:
         """A connection to the server, once it has imported its modules and listens."""

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,3 +184,36 @@ def test_startup_variables_decide() -> None:
 def test_a_request_round_trips() -> None:
     req = Request("m:f", ["x", "y"], {"A": "1"}, "/w", ["/py", "x", "y"])
     assert Request.decode(req.encode()) == req
+
+
+def test_a_status_sent_with_the_pid_is_not_lost(
+    socket_dir: Path, tmp_path: Path, app: Path
+) -> None:
+    """A child that exits before the runner reads its pid: both lines arrive together."""
+    path = socket_dir / "fake.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def fake_server() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            _data, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(b"4242\n7\n")
+
+    def launch(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["sleep", "30"])  # alive, as the server must be
+
+    fs = ForkServer(path, [], {}, app.parent, tmp_path / "fs.log", launch)
+    fs.scripts = {os.path.realpath(app): "fakeapp:main"}
+    fs.start()
+    listener.bind(str(path))
+    listener.listen(1)
+    threading.Thread(target=fake_server, daemon=True).start()
+    try:
+        proc = fs.spawn(str(app), ["fakeapp"], {}, tmp_path)
+        assert proc is not None and proc.pid == 4242
+        assert proc.wait(10) == 7
+    finally:
+        fs.stop()
+        listener.close()
