@@ -122,6 +122,73 @@ static void wire_nvlinks(void)
     }
 }
 
+/* NVIDIA_VISIBLE_DEVICES, applied as the NVIDIA Container Toolkit applies it to a GPU
+ * container: only the listed GPUs (index, GPU UUID) and MIG devices (MIG UUID; its parent
+ * GPU shows with only those MIG devices) are enumerated, renumbered from 0. Unset or "all":
+ * every GPU (the device plugin and the node's own tools); "none", "void" or empty: none. */
+#define FG_MAX_VISIBLE 128
+static int g_vis_all = 1;
+static unsigned int g_vis_n;
+static char g_vis[FG_MAX_VISIBLE][FG_STR];
+
+static void load_visible(void)
+{
+    const char *env = getenv("NVIDIA_VISIBLE_DEVICES");
+    g_vis_all = !env || !strcmp(env, "all");
+    g_vis_n = 0;
+    if (g_vis_all || !strcmp(env, "none") || !strcmp(env, "void"))
+        return;
+    const char *p = env;
+    while (*p && g_vis_n < FG_MAX_VISIBLE) {
+        size_t len = strcspn(p, ",");
+        if (len > 0 && len < FG_STR) {
+            memcpy(g_vis[g_vis_n], p, len);
+            g_vis[g_vis_n++][len] = 0;
+        }
+        p += len + (p[len] == ',');
+    }
+}
+
+static int listed(const char *id)
+{
+    for (unsigned int k = 0; k < g_vis_n; k++)
+        if (!strcasecmp(g_vis[k], id))
+            return 1;
+    return 0;
+}
+
+/* A whole GPU is listed (by index or UUID): all of it is visible, MIG devices included. */
+static int gpu_listed(unsigned int i)
+{
+    char index[16];
+    snprintf(index, sizeof index, "%u", i);
+    return g_vis_all || listed(index) || listed(g_cfg.gpus[i].uuid);
+}
+
+static int mig_visible(unsigned int i, unsigned int j)
+{
+    return gpu_listed(i) || listed(g_cfg.gpus[i].mig[j].uuid);
+}
+
+static int gpu_visible(unsigned int i)
+{
+    if (gpu_listed(i))
+        return 1;
+    for (unsigned int j = 0; j < FG_MAX_MIG; j++)
+        if (g_cfg.gpus[i].mig[j].present && mig_visible(i, j))
+            return 1;
+    return 0;
+}
+
+/* The physical index of the n-th visible GPU, or -1. */
+static int visible_gpu(unsigned int n)
+{
+    for (unsigned int i = 0; i < g_cfg.gpu_count; i++)
+        if (gpu_visible(i) && n-- == 0)
+            return (int)i;
+    return -1;
+}
+
 static nvmlReturn_t load_config(void)
 {
     const char *path = getenv("FAKE_GPU_CONFIG");
@@ -165,6 +232,7 @@ static nvmlReturn_t load_config(void)
         sync_handles(i);
     }
     wire_nvlinks();
+    load_visible();
     return NVML_SUCCESS;
 }
 
@@ -323,7 +391,10 @@ NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
         return NVML_ERROR_UNINITIALIZED;
     if (!deviceCount)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *deviceCount = g_cfg.gpu_count;
+    unsigned int n = 0;
+    for (unsigned int i = 0; i < g_cfg.gpu_count; i++)
+        n += (unsigned int)gpu_visible(i);
+    *deviceCount = n;
     return NVML_SUCCESS;
 }
 
@@ -336,9 +407,10 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevi
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
-    if (!device || index >= g_cfg.gpu_count)
+    int i = device ? visible_gpu(index) : -1;
+    if (i < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *device = &g_dev[index];
+    *device = &g_dev[i];
     return NVML_SUCCESS;
 }
 
@@ -355,12 +427,15 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *
         return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
         const struct fg_gpu *g = &g_cfg.gpus[i];
+        if (!gpu_visible(i))
+            continue;
         if (!strcasecmp(uuid, g->uuid)) {
             *device = &g_dev[i];
             return NVML_SUCCESS;
         }
         for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
-            if (g->mig[j].present && g->mig[j].has_ci && !strcasecmp(uuid, g->mig[j].uuid)) {
+            if (g->mig[j].present && g->mig[j].has_ci && mig_visible(i, j) &&
+                !strcasecmp(uuid, g->mig[j].uuid)) {
                 *device = mig_slot(i, j);
                 return NVML_SUCCESS;
             }
@@ -381,7 +456,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvm
         return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned int i = 0; i < g_cfg.gpu_count; i++) {
         const struct fg_gpu *g = &g_cfg.gpus[i];
-        if (g->domain == dom && g->bus == bus && g->device == dev && fn == 0) {
+        if (g->domain == dom && g->bus == bus && g->device == dev && fn == 0 && gpu_visible(i)) {
             *device = &g_dev[i];
             return NVML_SUCCESS;
         }
@@ -434,7 +509,10 @@ NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *inde
     DEVICE(device, d, index);
     if (d->mig >= 0)
         return NVML_ERROR_NOT_SUPPORTED;
-    *index = d->gpu;
+    unsigned int n = 0; /* its place among the visible GPUs */
+    for (unsigned int i = 0; i < d->gpu; i++)
+        n += (unsigned int)gpu_visible(i);
+    *index = n;
     return NVML_SUCCESS;
 }
 
@@ -669,7 +747,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, u
     unsigned int n = 0;
     for (unsigned int j = 0; j < FG_MAX_MIG; j++) {
         const struct fg_mig *m = &gpu_of(d)->mig[j];
-        if (m->present && m->has_ci && n++ == index) {
+        if (m->present && m->has_ci && mig_visible(d->gpu, j) && n++ == index) {
             *migDevice = mig_slot(d->gpu, j);
             return NVML_SUCCESS;
         }

@@ -899,3 +899,40 @@ def test_nvidia_smi_lists_the_new_layout(a100: dict[str, str]) -> None:
     )
     lines = [line for line in out.stdout.splitlines() if "MIG 3g.20gb" in line]
     assert len(lines) == 2, out.stdout + out.stderr
+
+
+# ------------------------------------------------------------ NVIDIA_VISIBLE_DEVICES
+
+VISIBLE = """
+    import json, pynvml as N
+    N.nvmlInit()
+    out = []
+    for i in range(N.nvmlDeviceGetCount()):
+        h = N.nvmlDeviceGetHandleByIndex(i)
+        migs = []
+        if N.nvmlDeviceGetMigMode(h)[0]:
+            for k in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
+                try:
+                    migs.append(N.nvmlDeviceGetUUID(N.nvmlDeviceGetMigDeviceHandleByIndex(h, k)))
+                except N.NVMLError_NotFound:
+                    break
+        out.append([N.nvmlDeviceGetIndex(h), N.nvmlDeviceGetMinorNumber(h),
+                    N.nvmlDeviceGetUUID(h), migs])
+    print(json.dumps(out))
+"""
+
+
+def test_a_container_sees_only_the_gpus_it_was_given(shim: Path, tmp_path: Path) -> None:
+    """NVIDIA_VISIBLE_DEVICES as the container toolkit applies it: listed GPUs renumbered
+    from 0 (minor numbers stay), a MIG UUID shows its parent with that MIG device only."""
+    env = nvml.shim_env(NODE, "a100-80gb-mig-x8", tmp_path)
+    every = probe(VISIBLE, env)
+    assert [g[0] for g in every] == list(range(8))
+    gpu5, gpu2 = every[5], every[2]
+    got = probe(VISIBLE, {**env, "NVIDIA_VISIBLE_DEVICES": f"{gpu5[2]},2"})
+    assert got == [[0, 2, gpu2[2], gpu2[3]], [1, 5, gpu5[2], gpu5[3]]]
+    mig = every[0][3][1]
+    assert probe(VISIBLE, {**env, "NVIDIA_VISIBLE_DEVICES": mig}) == [[0, 0, every[0][2], [mig]]]
+    for nothing in ("none", "void", ""):
+        assert probe(VISIBLE, {**env, "NVIDIA_VISIBLE_DEVICES": nothing}) == []
+    assert probe(VISIBLE, {**env, "NVIDIA_VISIBLE_DEVICES": "all"}) == every
