@@ -43,6 +43,7 @@ from gpulab.deviceplugin.server import (
     KUBELET_SOCKET,
     Allocator,
     DefaultAllocator,
+    DriverFiles,
     NvidiaDevicePlugin,
 )
 from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
@@ -172,6 +173,7 @@ class PluginManager:
                 xids,
                 allocator,
                 self._poke,
+                DriverFiles.from_env(os.environ),
             )
             for r in resources
         ]

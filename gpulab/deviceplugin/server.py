@@ -7,7 +7,9 @@ goroutine; ``Stop``; ``GetDevicePluginOptions``, ``ListAndWatch``,
 upstream's plain Go errors do: gRPC status ``UNKNOWN`` with upstream's message.
 
 Deliberate differences: upstream's health channel carries one device per ListAndWatch
-response; here one Xid sends one response with every device it hit. The lab's trace
+response; here one Xid sends one response with every device it hit. Each container's
+response also carries the fake driver (:class:`DriverFiles`), which on a real node the
+NVIDIA Container Toolkit injects. The lab's trace
 (``Serve``, ``Register``, ``ListAndWatch`` ... as Events) is the lab's narration.
 """
 
@@ -17,6 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -41,6 +44,7 @@ from gpulab.deviceplugin.rm import (
     ResourceError,
     ResourceSpec,
 )
+from gpulab.fakegpu.nvml import ENV_CONFIG
 from gpulab.trace import ObjectRef, Tracer
 
 _log = logging.getLogger(__name__)
@@ -94,6 +98,30 @@ class DefaultAllocator:
         ]
 
 
+@dataclass(frozen=True)
+class DriverFiles:
+    """The fake driver's files a GPU container needs (a lab addition to the response).
+
+    On a real node the NVIDIA Container Toolkit sees ``NVIDIA_VISIBLE_DEVICES`` and mounts
+    the driver's libraries and device nodes into the container; upstream's response carries
+    only the variable. Here the "driver" is the node's NVML shim state (``FAKE_GPU_CONFIG``
+    and its directory: profile, MIG state, fault log), so each container's response adds
+    that variable and the directory, read-only; the shim in the container then enumerates
+    only the GPUs ``NVIDIA_VISIBLE_DEVICES`` names, as NVML would."""
+
+    config: str  # the path FAKE_GPU_CONFIG names, the same on the node and in the plugin
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> DriverFiles | None:
+        config = env.get(ENV_CONFIG)
+        return cls(config) if config else None
+
+    def add_to(self, container: api_pb2.ContainerAllocateResponse) -> None:
+        container.envs[ENV_CONFIG] = self.config
+        directory = str(Path(self.config).parent)
+        container.mounts.add(container_path=directory, host_path=directory, read_only=True)
+
+
 class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     """Serves one resource on ``<socket_dir>/<resource socket>`` and registers it with kubelet."""
 
@@ -108,8 +136,10 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         xids: XidFilter,
         allocator: Allocator,
         on_unhealthy: Callable[[], None] = lambda: None,
+        driver: DriverFiles | None = None,
     ) -> None:
         self.resource = resource
+        self._driver = driver
         self.socket_dir = socket_dir
         self.socket = socket_dir / resource.socket_name
         self._devices = {d.id: d for d in resource.devices}
@@ -340,6 +370,8 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         for alloc in allocations:
             container = response.container_responses.add()
             container.envs.update(alloc.envs)
+            if self._driver is not None:
+                self._driver.add_to(container)
             for spec in alloc.devices:
                 container.devices.add(
                     container_path=spec.container_path,

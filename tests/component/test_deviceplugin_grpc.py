@@ -342,6 +342,13 @@ def test_allocate_returns_uuids_and_device_nodes(kubelet: FakeKubelet, run_plugi
     assert first.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
     assert list(first.devices) == []  # --pass-device-specs is off by default
     assert second.envs["NVIDIA_VISIBLE_DEVICES"] == ids[0]
+    # the fake driver, as the container toolkit would inject it: the shim's config and its
+    # directory, read-only (DriverFiles)
+    for container in (first, second):
+        assert container.envs["FAKE_GPU_CONFIG"].endswith(f"{NODE}/config")
+        (mount,) = container.mounts
+        assert mount.read_only and mount.host_path == mount.container_path
+        assert mount.host_path == str(Path(container.envs["FAKE_GPU_CONFIG"]).parent)
 
 
 def test_pass_device_specs_adds_the_device_nodes(kubelet: FakeKubelet, run_plugin) -> None:
