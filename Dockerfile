@@ -1,20 +1,31 @@
 # The one component image (gpulab:dev) for the kind and k3d backends: every component is
-# `gpulab <command>` (device-plugin, node-agent, extender, ...), plus the NVML shim.
-FROM python:3.11-slim
-RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc libc6-dev make \
- && rm -rf /var/lib/apt/lists/*
+# `gpulab <command>` (device-plugin, extender, ...), plus the NVML shim.
+# BASE_IMAGE: python:3.11-slim where a registry answers; offline, the lab's Debian
+# bookworm base (harness/images), whose python3 is 3.11 from Debian's packages.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      gcc libc6-dev make $(command -v python3 >/dev/null || echo python3 python3-venv) \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /opt/gpulab
-COPY pyproject.toml Makefile ./
+# the dependencies first, in a layer of their own: a code change does not reinstall them
+COPY pyproject.toml ./
+RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+ && pip install --no-cache-dir --quiet --progress-bar off -r /tmp/requirements.txt
+COPY Makefile ./
+COPY fake-gpu fake-gpu
+RUN make -C fake-gpu
 COPY gpulab gpulab
 COPY harness harness
 COPY demos demos
-COPY fake-gpu fake-gpu
 COPY manifests manifests
 # the gRPC stubs are generated into the image; `nvidia-smi` is the shim's (no real driver)
-RUN make -C fake-gpu && pip install --no-cache-dir -e . \
+RUN pip install --no-cache-dir --quiet --no-deps -e . \
  && python -c "import gpulab.deviceplugin.api" \
  && ln -s "$(command -v fake-nvidia-smi)" /usr/local/bin/nvidia-smi
 # pynvml loads libnvidia-ml.so.1 from the library path: the shim stands in for the driver
-ENV LD_LIBRARY_PATH=/opt/gpulab/fake-gpu/build
+ENV LD_LIBRARY_PATH=/opt/gpulab/fake-gpu/build PYTHONUNBUFFERED=1
 ENTRYPOINT ["gpulab"]

@@ -64,6 +64,7 @@ class Component:
     commands: dict[str, str]  # binary name -> package path
     tags: str = ""
     ldflags: tuple[str, ...] = ()
+    cgo: bool = False  # upstream builds containerd and runc with cgo (libseccomp, nsenter)
 
     @property
     def bin_dir(self) -> Path:
@@ -125,6 +126,102 @@ SCHEDULER_PLUGINS = Component(
     version=SCHEDULER_PLUGINS_VERSION,
     commands={"scheduler-plugins-kube-scheduler": "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
 )
+# The kind backend's node image, assembled here as kind v0.33.0's images/base/Dockerfile and
+# `kind build node-image` would (they clone or pull these; only the Go module proxy answers
+# here, harness/nodeimage). Versions are kind v0.33.0's, except where the proxy lacks one.
+KIND_VERSION = "v0.33.0"
+KIND = Component(
+    name="kind",
+    module="sigs.k8s.io/kind",
+    version=KIND_VERSION,
+    commands={"kind": "sigs.k8s.io/kind"},
+)
+KUBERNETES_NODE = Component(
+    name="kubernetes-node",
+    module="k8s.io/kubernetes",
+    version=KUBERNETES_VERSION,
+    commands={
+        "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+        "kubeadm": "k8s.io/kubernetes/cmd/kubeadm",
+        "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+    },
+    tags="selinux,notest",
+    ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
+)
+_CONTAINERD = "github.com/containerd/containerd/v2"
+CONTAINERD = Component(
+    name="containerd",
+    module="github.com/containerd/containerd/v2",
+    version="v2.3.4",
+    commands={
+        n: f"{_CONTAINERD}/cmd/{n}" for n in ("containerd", "ctr", "containerd-shim-runc-v2")
+    },
+    tags="no_aufs,no_zfs,no_btrfs,no_devmapper",  # kind's BUILDTAGS
+    ldflags=(
+        f"-X {_CONTAINERD}/version.Version=v2.3.4",
+        f"-X {_CONTAINERD}/version.Package={_CONTAINERD}",
+    ),
+    cgo=True,
+)
+RUNC = Component(
+    name="runc",
+    module="github.com/opencontainers/runc",
+    version="v1.4.3",
+    commands={"runc": "github.com/opencontainers/runc"},
+    tags="seccomp,urfave_cli_no_docs",  # runc's Makefile BUILDTAGS (needs libseccomp-dev)
+    ldflags=("-X main.version=1.4.3",),
+    cgo=True,
+)
+CRICTL = Component(
+    name="cri-tools",
+    # kind v0.33.0 ships crictl v1.36.0, which the module proxy does not serve
+    module="sigs.k8s.io/cri-tools",
+    version="v1.37.0",
+    commands={"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"},
+    ldflags=("-X sigs.k8s.io/cri-tools/pkg/version.Version=v1.37.0",),
+)
+CNI_PLUGINS = Component(
+    name="cni-plugins",
+    module="github.com/containernetworking/plugins",
+    version="v1.9.1",
+    commands={  # the four kind's base image installs
+        name: f"github.com/containernetworking/plugins/plugins/{path}"
+        for name, path in (
+            ("host-local", "ipam/host-local"),
+            ("loopback", "main/loopback"),
+            ("ptp", "main/ptp"),
+            ("portmap", "meta/portmap"),
+        )
+    },
+    ldflags=(
+        "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=v1.9.1",
+    ),
+)
+# kubeadm v1.36.3 deploys registry.k8s.io/etcd:3.6.8-0 and coredns v1.14.2; the proxy serves
+# no CoreDNS v1.14.2, so the node image carries v1.14.3 and kind's kubeadm config names it.
+KUBEADM_ETCD = Component(
+    name="etcd",
+    module="go.etcd.io/etcd/server/v3",
+    version="v3.6.8",
+    commands={"etcd": "go.etcd.io/etcd/server/v3"},
+)
+COREDNS = Component(
+    name="coredns",
+    module="github.com/coredns/coredns",
+    version="v1.14.3",
+    commands={"coredns": "github.com/coredns/coredns"},
+)
+KIND_NODE_COMPONENTS = (
+    KIND,
+    KUBERNETES_NODE,
+    CONTAINERD,
+    RUNC,
+    CRICTL,
+    CNI_PLUGINS,
+    KUBEADM_ETCD,
+    COREDNS,
+)
+
 # Upstream binaries only the e2e tests run (beside the lab's own components, to cross-check
 # them); `gpulab build --test-peers` builds them before the tests, so a first run's build
 # (minutes, with progress) is not charged to one test's timeout.
@@ -318,14 +415,20 @@ def _install(archive: Path, release: Release, comp: Component, out_dir: Path) ->
         raise DownloadError(f"{release.url}: not the release archive expected ({exc})") from None
 
 
-def build_test_peers(progress: Progress, force: bool = False) -> None:
-    """Every test peer cached and intact, built from its Go module (no release binary
-    of theirs is pinned)."""
-    for comp in TEST_PEERS:
+def build_from_source(
+    comps: tuple[Component, ...], progress: Progress, force: bool = False
+) -> None:
+    """Each of ``comps`` cached and intact, built from its Go module (no release binary
+    of theirs is pinned): the test peers, the kind node image's binaries."""
+    for comp in comps:
         if not verify(comp) and not force:
             progress(f"{comp.name} {comp.version}: cached in {comp.bin_dir}")
             continue
         build(comp, find_go(), progress)
+
+
+def build_test_peers(progress: Progress, force: bool = False) -> None:
+    build_from_source(TEST_PEERS, progress, force)
 
 
 def peer_binary(comp: Component, name: str, progress: Progress) -> Path:
@@ -357,7 +460,7 @@ def find_go() -> str:
 def build(comp: Component, go: str, progress: Progress) -> None:
     work = cache_dir() / "build" / f"{comp.name}-{comp.version}"
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+    env = {**os.environ, "CGO_ENABLED": "1" if comp.cgo else "0", "GOFLAGS": "-mod=mod"}
     progress(f"{comp.name} {comp.version}: resolving modules")
     _write_wrapper(comp, go, work, env)
     _run(
@@ -399,6 +502,19 @@ def _default_binary_name(pkg: str) -> str:
     """The file name `go build -o dir/` gives a main package (a /vN suffix is skipped)."""
     parts = pkg.split("/")
     return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
+
+
+def module_dir(module: str, version: str) -> Path:
+    """A module's source tree in the Go module cache (downloaded if needed): the files
+    kind's and Kubernetes' own image builds copy (kind's images/base/files, pause.c)."""
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    info = _run(
+        [find_go(), "mod", "download", "-json", f"{module}@{version}"],
+        cache_dir(),
+        env,
+        f"go mod download {module}@{version}",
+    )
+    return Path(json.loads(info)["Dir"])
 
 
 def _write_wrapper(comp: Component, go: str, work: Path, env: dict[str, str]) -> None:

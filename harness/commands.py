@@ -38,6 +38,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="also build the upstream peers the e2e tests run beside the lab's components "
         "(scheduler-plugins' kube-scheduler); `make test` does",
     )
+    p.add_argument(
+        "--images",
+        action="store_true",
+        help="also build the kind backend's images (node image, component images, gpulab:dev); "
+        "pulls the pinned official ones where a registry answers",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="with --images: build every image here even where a registry answers",
+    )
     p.set_defaults(func=cmd_build)
 
     for name, func, text in (
@@ -97,6 +108,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     binaries.build_all(progress, force=args.force, from_source=args.from_source)
     if args.test_peers:
         binaries.build_test_peers(progress, force=args.force)
+    if args.images:
+        from harness.images import ensure_images
+
+        built = ensure_images(progress, offline=True if args.offline else None)
+        progress(f"kind node image {built.node}; loaded into each node: {', '.join(built.load)}")
+    elif args.offline:
+        raise HarnessError("--offline goes with --images")
     return 0
 
 

@@ -46,6 +46,7 @@ from gpulab.state import cluster_dir
 from gpulab.wait import WaitTimeout, wait_for
 from harness import addons, pki
 from harness.backends import SYSTEM_NAMESPACE, ClusterAPI, ready_nodes
+from harness.binaries import KIND, verify
 from harness.errors import HarnessError
 from harness.spec import PROFILE_MOUNT, ClusterSpec, NodeSpec, node_labels
 
@@ -147,31 +148,57 @@ def _profile_path(node: Any, relative: bool) -> str:
     return f"./{path.relative_to(ROOT)}" if relative else str(path)
 
 
-def kubelet_patch(spec: ClusterSpec) -> dict[str, Any] | None:
+def kubelet_patch(spec: ClusterSpec, cgroup_v1: bool = False) -> dict[str, Any] | None:
     """The spec's kubelet settings as a KubeletConfiguration patch (None: kind's defaults).
-    The static CPU manager needs CPUs reserved for the system, as kubelet insists."""
-    if spec.kubelet == KubeletConfig():
-        return None
-    patch = yaml.safe_load(spec.kubelet.to_yaml())
-    if spec.kubelet.cpu_manager_policy == "static":
-        patch["reservedSystemCPUs"] = "0"
-    return dict(patch)
+    The static CPU manager needs CPUs reserved for the system, as kubelet insists; kubelet
+    1.35+ refuses a cgroup v1 host unless told not to (``failCgroupV1: false``)."""
+    patch: dict[str, Any] = {}
+    if spec.kubelet != KubeletConfig():
+        patch = dict(yaml.safe_load(spec.kubelet.to_yaml()))
+        if spec.kubelet.cpu_manager_policy == "static":
+            patch["reservedSystemCPUs"] = "0"
+    if cgroup_v1:
+        patch = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            **patch,
+            "failCgroupV1": False,
+        }
+    return patch or None
+
+
+def host_is_cgroup_v1() -> bool:
+    return not Path("/sys/fs/cgroup/cgroup.controllers").exists()
 
 
 def kind_config(
-    spec: ClusterSpec, relative_paths: bool = True, machine_dir: Path | None = None
+    spec: ClusterSpec,
+    relative_paths: bool = True,
+    machine_dir: Path | None = None,
+    node_image: str = KIND_NODE_IMAGE,
+    cgroup_v1: bool = False,
 ) -> dict[str, Any]:
-    """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node.
+    """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node,
+    registered under the spec node's name (kubeadm's ``nodeRegistration.name``), so
+    demos and tests address ``gpu-a100`` on every backend.
 
     Each GPU worker mounts its GPU profile; with ``machine_dir`` (where `up` writes them)
     also the lab's machine file (the node's NUMA layout) where the topology updater reads it.
+    The lab's own node image (built offline, harness/images) carries CoreDNS v1.14.3, one
+    patch ahead of what kubeadm v1.36.3 names, so kubeadm is told its tag.
     """
-    nodes: list[dict[str, Any]] = [{"role": "control-plane", "image": KIND_NODE_IMAGE}]
+    nodes: list[dict[str, Any]] = [{"role": "control-plane", "image": node_image}]
     for node in spec.nodes:
         worker: dict[str, Any] = {
             "role": "worker",
-            "image": KIND_NODE_IMAGE,
+            "image": node_image,
             "labels": _worker_labels(node),
+            "kubeadmConfigPatches": [
+                yaml.safe_dump(
+                    {"kind": "JoinConfiguration", "nodeRegistration": {"name": node.name}},
+                    sort_keys=False,
+                )
+            ],
         }
         if node.profile:
             worker["extraMounts"] = [
@@ -196,9 +223,17 @@ def kind_config(
         "name": spec.name,
         "nodes": nodes,
     }
-    patch = kubelet_patch(spec)
+    patches = []
+    patch = kubelet_patch(spec, cgroup_v1)
     if patch is not None:
-        config["kubeadmConfigPatches"] = [yaml.safe_dump(patch, sort_keys=False)]
+        patches.append(yaml.safe_dump(patch, sort_keys=False))
+    if node_image != KIND_NODE_IMAGE:
+        from harness.binaries import COREDNS
+
+        dns = {"kind": "ClusterConfiguration", "dns": {"imageTag": COREDNS.version}}
+        patches.append(yaml.safe_dump(dns, sort_keys=False))
+    if patches:
+        config["kubeadmConfigPatches"] = patches
     return config
 
 
@@ -244,14 +279,23 @@ class DockerCluster(ClusterAPI):
         self.dir = cluster_dir(spec.name)
         self.kubeconfig = self.dir / "kubeconfig"
 
+    def cli(self) -> str:
+        """kind: the binary the lab built from kind's module (harness/binaries.py), else
+        one on PATH; k3d: the one on PATH."""
+        if self.tool == "kind":
+            built = KIND.binary("kind")
+            if not verify(KIND):
+                return str(built)
+        return self.tool
+
     def commands_up(self) -> list[list[str]]:
-        """The exact commands `up` runs, in order, after building the image (Docker
-        SDK) and before loading it (:meth:`commands_load`)."""
+        """The exact commands `up` runs, in order, after building the images and before
+        loading the lab's (:meth:`commands_load`)."""
         name = self.spec.name
         if self.tool == "kind":
             return [
                 [
-                    "kind",
+                    self.cli(),
                     "create",
                     "cluster",
                     "--name",
@@ -269,16 +313,17 @@ class DockerCluster(ClusterAPI):
             ["k3d", "kubeconfig", "write", name, "--output", str(self.kubeconfig)],
         ]
 
-    def commands_load(self, image: str = IMAGE) -> list[str]:
+    def commands_load(self, *images: str) -> list[str]:
+        images = images or (IMAGE,)
         if self.tool == "kind":
-            return ["kind", "load", "docker-image", image, "--name", self.spec.name]
-        return ["k3d", "image", "import", image, "--cluster", self.spec.name]
+            return [self.cli(), "load", "docker-image", *images, "--name", self.spec.name]
+        return ["k3d", "image", "import", *images, "--cluster", self.spec.name]
 
     def commands_down(self) -> list[list[str]]:
         if self.tool == "kind":
             return [
                 [
-                    "kind",
+                    self.cli(),
                     "delete",
                     "cluster",
                     "--name",
@@ -289,7 +334,7 @@ class DockerCluster(ClusterAPI):
             ]
         return [["k3d", "cluster", "delete", self.spec.name]]
 
-    def write_config(self) -> Path:
+    def write_config(self, node_image: str = KIND_NODE_IMAGE) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.tool == "kind":
             machines = self.dir / "machines"
@@ -300,7 +345,13 @@ class DockerCluster(ClusterAPI):
                     info = MachineInfo.of(node.name, node.profile, cpus, memory)
                     (machines / f"{node.name}.yaml").write_text(info.to_yaml())
             path = self.dir / "kind-config.yaml"
-            config = kind_config(self.spec, relative_paths=False, machine_dir=machines)
+            config = kind_config(
+                self.spec,
+                relative_paths=False,
+                machine_dir=machines,
+                node_image=node_image,
+                cgroup_v1=host_is_cgroup_v1(),
+            )
             path.write_text(yaml.safe_dump(config, sort_keys=False))
         else:
             path = self.dir / "k3d-config.yaml"
@@ -308,9 +359,9 @@ class DockerCluster(ClusterAPI):
         return path
 
     def check_tools(self, which: Callable[[str], str | None] = shutil.which) -> None:
-        """kind/k3d on PATH (they drive the Docker CLI themselves, so it must be there
-        too) and a Docker engine that answers."""
-        for tool in ("docker", self.tool):
+        """The Docker CLI (kind and k3d drive it) and, for k3d, k3d on PATH (kind is built
+        from its module by the lab)."""
+        for tool in ("docker", *(() if self.tool == "kind" else (self.tool,))):
             if which(tool) is None:
                 raise HarnessError(
                     f"`{tool}` is not on PATH; the {self.tool} backend needs Docker and "
@@ -318,27 +369,43 @@ class DockerCluster(ClusterAPI):
                 )
 
     def up(self, progress: Progress) -> None:
-        self.check_tools()
-        client = engine()
-        self.write_config()
-        build_image(client, progress)
+        if self.tool == "kind":
+            from harness import images
+
+            built = images.ensure_images(progress)
+            self.check_tools()
+            self._remove_stale(progress)
+            self.write_config(built.node)
+            if host_is_cgroup_v1():
+                progress("this host runs cgroup v1: kubelet gets failCgroupV1: false")
+            to_load = built.load
+        else:
+            self.check_tools()
+            build_image(engine(), progress)
+            self.write_config()
+            to_load = [IMAGE]
         for argv in self.commands_up():
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
-        self.load_image(IMAGE, progress, client)
+        self.load_image(to_load, progress)
         pki.create_ca(self.pki_dir())
         self._apply(["base"], progress)
         self._wait_nodes(progress)
-        for addon in self.spec.addons:
-            self.ensure_addon(addon, progress)
+        addons.start_all(list(self.spec.addons), self, progress)
+
+    def _remove_stale(self, progress: Progress) -> None:
+        """A kind cluster of this name whose nodes no longer run (a stopped engine, a
+        reboot) cannot be resumed: delete it so `up` starts cold."""
+        stale = engine().containers.list(
+            all=True, filters={"label": f"io.x-k8s.kind.cluster={self.spec.name}"}
+        )
+        if stale:
+            progress(f"removing the stopped kind cluster {self.spec.name!r} left from before")
+            for argv in self.commands_down():
+                self.run(argv)
 
     def ensure_addon(self, name: str, progress: Progress) -> None:
         """Deploy a chapter's components (manifests/<name>/) on the running cluster."""
-        if name == "hami":
-            # not yet tried on kind/k3d: the chapter has its own local cluster (--spec hami)
-            raise HarnessError(
-                "the HAMi chapter runs on the local backend (`--backend local --spec hami`)"
-            )
         addons.start(name, self, progress)
 
     def _apply(self, dirs: list[str], progress: Progress) -> None:
@@ -376,12 +443,12 @@ class DockerCluster(ClusterAPI):
                 f"{self.tool} nodes not Ready after 300s; see `kubectl get nodes`"
             ) from None
 
-    def load_image(
-        self, image: str, progress: Progress, client: docker.DockerClient | None = None
-    ) -> None:
-        """`kind load docker-image` / `k3d image import`, once the engine has the image."""
-        require_image(client or engine(), image)
-        argv = self.commands_load(image)
+    def load_image(self, images: list[str], progress: Progress) -> None:
+        """`kind load docker-image` / `k3d image import`, once the engine has the images."""
+        client = engine()
+        for image in images:
+            require_image(client, image)
+        argv = self.commands_load(*images)
         progress(f"$ {' '.join(argv)}")
         self.run(argv)
 
@@ -389,9 +456,23 @@ class DockerCluster(ClusterAPI):
         for argv in self.commands_down():
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
+        self.kubeconfig.unlink(missing_ok=True)
+        if self.tool == "kind":
+            from harness.engine import stop_if_idle
+
+            stop_if_idle(progress)
 
     def running(self) -> bool:
-        return self.kubeconfig.exists()
+        """The cluster's control plane runs (a kubeconfig alone may outlive the engine)."""
+        if not self.kubeconfig.exists():
+            return False
+        try:
+            nodes = engine().containers.list(
+                filters={"label": f"io.x-k8s.kind.cluster={self.spec.name}", "status": "running"}
+            )
+        except HarnessError:
+            return False
+        return bool(nodes) if self.tool == "kind" else True
 
     def processes(self) -> list[Any]:
         return []  # the components are pods in the node containers

@@ -1,8 +1,8 @@
-"""The kind and k3d backends cannot run here (no Docker engine): these tests pin the exact
-commands they run and the configs they render, to the tools' documented interfaces, and
-the Docker SDK's conversation with a fake Docker Engine: an HTTP server on a unix socket
-answering the Engine API (/version, /build streamed in chunks, /images/<name>/json), so
-the real SDK client, its transport and our code run unmocked."""
+"""The kind and k3d backends' commands and configs, pinned to the tools' documented
+interfaces, and the Docker SDK's conversation with a fake Docker Engine: an HTTP server on
+a unix socket answering the Engine API (/version, /build streamed in chunks,
+/images/<name>/json), so the real SDK client, its transport and our code run unmocked.
+The kind backend itself runs for real in tests/e2e/test_kind.py."""
 
 import io
 import json
@@ -138,9 +138,11 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_kind_up_runs_create_then_load(state: Path) -> None:
     ran: list[list[str]] = []
     cluster = DockerCluster("kind", load("default"), runner=ran.append)
+    kind = cluster.cli()  # the kind the lab built from its module, else the one on PATH
+    assert kind == "kind" or kind.endswith("/kind-v0.33.0/kind")
     assert cluster.commands_up() == [
         [
-            "kind",
+            kind,
             "create",
             "cluster",
             "--name",
@@ -153,19 +155,21 @@ def test_kind_up_runs_create_then_load(state: Path) -> None:
             "120s",
         ],
     ]
-    assert cluster.commands_load() == [
-        "kind",
+    assert cluster.commands_load("gpulab:dev", "x:1") == [
+        kind,
         "load",
         "docker-image",
         "gpulab:dev",
+        "x:1",
         "--name",
         "gpulab",
     ]
     assert cluster.commands_down() == [
-        ["kind", "delete", "cluster", "--name", "gpulab", "--kubeconfig", str(state / "kubeconfig")]
+        [kind, "delete", "cluster", "--name", "gpulab", "--kubeconfig", str(state / "kubeconfig")]
     ]
     cluster.down(lambda _m: None)
     assert ran == cluster.commands_down()
+    assert not (state / "kubeconfig").exists()
 
 
 def test_k3d_up_runs_create_kubeconfig_then_import(state: Path) -> None:
@@ -208,15 +212,43 @@ def test_k3d_config_targets_one_agent_per_spec_node() -> None:
 
 
 def test_missing_tool_is_one_clear_line(state: Path) -> None:
-    cluster = DockerCluster("kind", load("default"), runner=lambda _a: None)
-    with pytest.raises(HarnessError, match=r"`kind` is not on PATH.*--backend local"):
-        cluster.check_tools(which=lambda tool: None if tool == "kind" else "/usr/bin/docker")
+    cluster = DockerCluster("k3d", load("default"), runner=lambda _a: None)
+    with pytest.raises(HarnessError, match=r"`k3d` is not on PATH.*--backend local"):
+        cluster.check_tools(which=lambda tool: None if tool == "k3d" else "/usr/bin/docker")
+    kind = DockerCluster("kind", load("default"), runner=lambda _a: None)
+    kind.check_tools(which=lambda tool: None if tool == "kind" else "/usr/bin/docker")  # built
+    with pytest.raises(HarnessError, match=r"`docker` is not on PATH"):
+        kind.check_tools(which=lambda tool: None)
 
 
-def test_hami_on_kind_points_to_the_local_backend(state: Path) -> None:
-    cluster = DockerCluster("kind", load("default"), runner=lambda _a: None)
-    with pytest.raises(HarnessError, match=r"HAMi chapter runs on the local backend"):
-        cluster.ensure_addon("hami", lambda _m: None)
+def test_kind_workers_register_under_their_spec_node_names() -> None:
+    """kubeadm's nodeRegistration.name: `gpu-a100` on kind as on the local backend."""
+    cfg = kind_config(load("default"))
+    names = [
+        yaml.safe_load(n["kubeadmConfigPatches"][0])["nodeRegistration"]["name"]
+        for n in cfg["nodes"][1:]
+    ]
+    assert names == [n.name for n in load("default").nodes]
+    assert all(
+        yaml.safe_load(n["kubeadmConfigPatches"][0])["kind"] == "JoinConfiguration"
+        for n in cfg["nodes"][1:]
+    )
+
+
+def test_the_offline_node_image_names_its_coredns_and_cgroup_v1_hosts_get_failcgroupv1() -> None:
+    cfg = kind_config(load("default"), node_image="gpulab/kind-node:v1.36.3", cgroup_v1=True)
+    assert {n["image"] for n in cfg["nodes"]} == {"gpulab/kind-node:v1.36.3"}
+    kubelet, dns = (yaml.safe_load(p) for p in cfg["kubeadmConfigPatches"])
+    assert kubelet == {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "failCgroupV1": False,
+    }
+    assert dns == {"kind": "ClusterConfiguration", "dns": {"imageTag": "v1.14.3"}}
+    scheduling = kind_config(load("scheduling"), cgroup_v1=True)
+    (patch,) = scheduling["kubeadmConfigPatches"]  # one KubeletConfiguration, both settings
+    assert yaml.safe_load(patch)["failCgroupV1"] is False
+    assert yaml.safe_load(patch)["topologyManagerPolicy"] == "single-numa-node"
 
 
 # ---------------------------------------------------------------- the Docker Engine API
@@ -305,11 +337,11 @@ def test_kind_load_runs_only_once_the_engine_has_the_image(
     ran: list[list[str]] = []
     cluster = DockerCluster("kind", load("default"), runner=ran.append)
     with pytest.raises(HarnessError, match=r"image gpulab:dev is not in the Docker engine"):
-        cluster.load_image(IMAGE, lambda _m: None)
+        cluster.load_image([IMAGE], lambda _m: None)
     assert ran == []  # kind load never ran for a missing image
     fake_engine.images[IMAGE] = "sha256:" + "ef" * 32
-    cluster.load_image(IMAGE, lambda _m: None)
-    assert ran == [cluster.commands_load()]
+    cluster.load_image([IMAGE], lambda _m: None)
+    assert ran == [cluster.commands_load(IMAGE)]
     assert any(r["path"] == f"/images/{IMAGE}/json" for r in fake_engine.requests)
 
 
