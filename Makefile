@@ -1,16 +1,20 @@
 # GPU Scheduling Lab. Two commands matter:
 #   make demo-cluster   set everything up, bring the local cluster up, run the first demo
-#   make test           set everything up and run unit, component and e2e tests
+#   make test           set everything up and run unit, component and e2e tests (the kind
+#                       lane included: real kubelets in Docker)
 # Everything the project needs is installed from here: a Python venv (.venv), the NVML
-# shim (gcc), and the upstream Kubernetes binaries (built from Go modules, cached under
-# ~/.cache/gpulab, so only the first run pays for the build).
+# shim (gcc), the upstream Kubernetes binaries (built from Go modules, cached under
+# ~/.cache/gpulab, so only the first run pays for the build) and, for the kind backend, a
+# Docker engine and the images (`make images`).
+# Demos and labs run on the local backend; GPULAB_BACKEND=kind make demo-<chapter> runs the
+# same chapter on kind.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 GPULAB := $(BIN)/gpulab
 
-.PHONY: setup venv bytecode fake-gpu binaries test-peers lint test test-unit test-e2e bench down status clean \
+.PHONY: setup venv bytecode fake-gpu binaries test-peers images lint test test-unit test-e2e bench down status clean \
         demo-cluster demo-device-plugin demo-hami demo-kueue dashboard dashboard-web chromium \
         test-dashboard bench-dashboard \
         demo-coscheduling demo-numa demo-volcano demo-gpu-operator \
@@ -44,13 +48,19 @@ binaries: venv
 test-peers: venv
 	@$(GPULAB) build --test-peers
 
+# the kind backend: a Docker engine (installed and started here where none answers, as
+# root on Debian/Ubuntu) and its images, pulled where a registry answers, else built here
+# from Debian's packages and the Go module proxy (harness/images), cached in the engine
+images: venv
+	@$(GPULAB) build --images
+
 lint: venv
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 
 # three workers: two run the e2e cluster groups, one the unit and component tests
 # (tests/e2e/conftest.py pytest_xdist_make_scheduler)
-test: setup test-peers lint chromium
+test: setup test-peers images lint chromium
 	@$(BIN)/pytest -ra -n 3 --dist loadgroup --durations=15
 
 test-unit: venv fake-gpu
@@ -66,7 +76,7 @@ demo-cluster: setup
 	@$(GPULAB) demo cluster
 
 demo-hami: setup
-	@$(GPULAB) demo hami --backend local --spec hami
+	@$(GPULAB) demo hami --spec hami
 
 demo-device-plugin: setup
 	@$(GPULAB) demo device-plugin
@@ -75,16 +85,16 @@ demo-kueue: setup
 	@$(GPULAB) demo kueue
 
 demo-coscheduling: setup
-	@$(GPULAB) demo coscheduling --backend local --spec scheduling
+	@$(GPULAB) demo coscheduling --spec scheduling
 
 demo-numa: setup
-	@$(GPULAB) demo numa --backend local --spec scheduling
+	@$(GPULAB) demo numa --spec scheduling
 
 demo-volcano: setup
-	@$(GPULAB) demo volcano --backend local --spec volcano
+	@$(GPULAB) demo volcano --spec volcano
 
 demo-gpu-operator: setup
-	@$(GPULAB) demo gpu-operator --backend local --spec gpu-operator
+	@$(GPULAB) demo gpu-operator --spec gpu-operator
 
 # Troubleshooting labs (harness/labs, docs/workshop.md): each breaks its chapter on the
 # labs cluster (--spec labs; lab-mig: --spec labs-mig; lab-gang-deadlock-volcano:
@@ -92,7 +102,7 @@ demo-gpu-operator: setup
 LABS := unschedulable device-plugin gang-deadlock gang-deadlock-volcano queue-quota mig
 
 $(addprefix lab-,$(LABS)): lab-%: setup
-	@$(GPULAB) lab start $* --backend local
+	@$(GPULAB) lab start $*
 
 down: venv
 	@$(GPULAB) down

@@ -23,7 +23,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a chapter demo, narrating its call chain")
     p.add_argument("chapter", choices=sorted(CHAPTERS))
     p.add_argument("--spec", default="default", help="cluster spec (harness/clusters)")
-    p.add_argument("--backend", default=None, help="default: kind if Docker answers, else local")
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="default: where the cluster runs, else $GPULAB_BACKEND or local",
+    )
     p.add_argument("--diagram", help="also write the run's call chain as a Mermaid diagram here")
     p.add_argument(
         "--dashboard",

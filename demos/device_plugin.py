@@ -7,14 +7,15 @@
     MIG mixed: nvidia.com/mig-<g>g.<mem>gb resources and MIG UUIDs
 
 Every step is read back from the Events the device plugin and the node agent (kubelet's
-device manager on a kwok node) write as they execute it.
+device manager on a kwok node) write as they execute it. On kind the real kubelet calls
+the plugin, and each GPU pod's container shows what it got: its NVIDIA_VISIBLE_DEVICES and
+`nvidia-smi -L` run inside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 from pathlib import Path
 
 from kubernetes import client
@@ -54,7 +55,8 @@ def _pod(name: str, node: str, resources: dict[str, str]) -> client.V1Pod:
                 client.V1Container(
                     name="cuda",
                     image="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                    command=["nvidia-smi", "-L"],
+                    # a real kubelet runs it (kind): list the GPUs, then hold them
+                    command=["sh", "-c", "nvidia-smi -L; exec sleep infinity"],
                     resources=client.V1ResourceRequirements(limits=resources),
                 )
             ],
@@ -62,10 +64,20 @@ def _pod(name: str, node: str, resources: dict[str, str]) -> client.V1Pod:
     )
 
 
-def _allocation(core: client.CoreV1Api, name: str) -> dict | None:
-    pod = core.read_namespaced_pod(name, NAMESPACE)
-    raw = (pod.metadata.annotations or {}).get(annotation_key("cuda"))
-    return json.loads(raw) if raw else None
+def _allocation(backend: Backend, name: str) -> dict[str, str]:
+    """The envs Allocate gave pod ``name``'s container (harness: Backend.allocation)."""
+    return wait_for(
+        lambda: backend.allocation(NAMESPACE, name, "cuda"), 60, f"pod {name}'s Allocate response"
+    )
+
+
+def _inside(backend: Backend, name: str) -> None:
+    """Where the container really runs (kind): what `nvidia-smi -L` shows inside it."""
+    if not backend.runs_containers:
+        return
+    console.print(f"    nvidia-smi -L in pod {name}:")
+    for line in backend.exec(NAMESPACE, name, "cuda", ["nvidia-smi", "-L"]).splitlines():
+        console.print(f"      {line}")
 
 
 def _allocatable(core: client.CoreV1Api, node: str, resource: str = GPU) -> int:
@@ -130,23 +142,23 @@ def run(args: argparse.Namespace) -> int:
         _restart_plugin(core, backend, live, gpus)
         ok(f"{NODE} advertises {GPU}: {gpus} — one per GPU NVML reports")
 
-        _numa_pair(core, live, by_uuid)
+        _numa_pair(core, backend, live, by_uuid)
         _xid_and_recovery(core, backend, live, gpus)
 
-        _mig(core, live)
+        _mig(core, backend, live)
     diagram = getattr(args, "diagram", None)
     if diagram:
         live.write_diagram(Path(diagram))
     return 0
 
 
-def _numa_pair(core: client.CoreV1Api, live: LiveTrace, by_uuid: dict) -> None:
+def _numa_pair(core: client.CoreV1Api, backend: Backend, live: LiveTrace, by_uuid: dict) -> None:
     say(f"create a pod asking for {GPU}: 2 on {NODE}")
     core.create_namespaced_pod(NAMESPACE, _pod("pair", NODE, {GPU: "2"}))
-    alloc = wait_for(lambda: _allocation(core, "pair"), 60, "the Allocate response")
+    envs = _allocation(backend, "pair")
     live.expect({"GetPreferredAllocation", "Allocate"})
     naive = sorted(by_uuid)[:2]
-    uuids = alloc["envs"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    uuids = envs["NVIDIA_VISIBLE_DEVICES"].split(",")
     table = Table(title="Allocate response for pod pair (what the container runtime gets)")
     for column in ("GPU UUID", "index", "NUMA"):
         table.add_column(column)
@@ -156,17 +168,19 @@ def _numa_pair(core: client.CoreV1Api, live: LiveTrace, by_uuid: dict) -> None:
     numa = {by_uuid[u].numa_node for u in uuids}
     if len(uuids) != 2 or len(numa) != 1:
         raise DemoFailed(f"expected 2 GPUs on one NUMA node, got {uuids} (NUMA {numa})")
-    ok(f"NVIDIA_VISIBLE_DEVICES={alloc['envs']['NVIDIA_VISIBLE_DEVICES']} (one NUMA node)")
+    ok(f"NVIDIA_VISIBLE_DEVICES={envs['NVIDIA_VISIBLE_DEVICES']} (one NUMA node)")
+    _inside(backend, "pair")
     console.print(
         f"    without GetPreferredAllocation kubelet would have taken GPUs "
         f"{', '.join(str(by_uuid[u].index) for u in naive)} (NUMA "
         f"{', '.join(str(by_uuid[u].numa_node) for u in naive)}); go-gpuallocator's "
         "best-effort policy scores pairs by NVLinks, then by PCIe path"
     )
-    console.print(
-        f"    (lab) kubelet keeps this in its checkpoint file; the node agent records it in "
-        f"the pod annotation {annotation_key('cuda')}"
-    )
+    if not backend.runs_containers:
+        console.print(
+            f"    (lab) kubelet keeps this in its checkpoint file; the node agent records it "
+            f"in the pod annotation {annotation_key('cuda')}"
+        )
 
 
 def _xid_and_recovery(core: client.CoreV1Api, backend: Backend, live: LiveTrace, gpus: int) -> None:
@@ -198,7 +212,7 @@ def _xid_and_recovery(core: client.CoreV1Api, backend: Backend, live: LiveTrace,
     )
 
 
-def _mig(core: client.CoreV1Api, live: LiveTrace) -> None:
+def _mig(core: client.CoreV1Api, backend: Backend, live: LiveTrace) -> None:
     say(f"MIG mixed on {MIG_NODE}: one resource per MIG profile")
     alloc_mig = core.read_node(MIG_NODE).status.allocatable
     mig_resources = {k: v for k, v in alloc_mig.items() if k.startswith("nvidia.com/mig-")}
@@ -207,8 +221,8 @@ def _mig(core: client.CoreV1Api, live: LiveTrace) -> None:
     for resource, count in sorted(mig_resources.items()):
         console.print(f"    {resource}: {count}")
     core.create_namespaced_pod(NAMESPACE, _pod("mig", MIG_NODE, {"nvidia.com/mig-1g.10gb": "1"}))
-    alloc = wait_for(lambda: _allocation(core, "mig"), 60, "the MIG Allocate response")
-    mig_uuid = alloc["envs"]["NVIDIA_VISIBLE_DEVICES"]
+    mig_uuid = _allocation(backend, "mig")["NVIDIA_VISIBLE_DEVICES"]
     if not mig_uuid.startswith("MIG-"):
         raise DemoFailed(f"a MIG pod got {mig_uuid}, not a MIG device UUID")
     ok(f"pod mig got MIG device {mig_uuid}")
+    _inside(backend, "mig")

@@ -1,8 +1,8 @@
 """The cluster backends and what every one of them offers demos, tests and commands.
 
-    local   real upstream binaries as host processes, kwok nodes, the pod runner (default
-            where no Docker engine answers; what CI runs)
-    kind    Docker containers as nodes (default where a Docker engine answers)
+    local   real upstream binaries as host processes, kwok nodes, the pod runner (the
+            default: fast, no Docker needed)
+    kind    Docker containers as nodes: a real kubelet and containerd (GPULAB_BACKEND=kind)
     k3d     the same with k3s
     external  an existing cluster from a kubeconfig: the chapters' manifests applied to it
 
@@ -38,6 +38,9 @@ class Progress(Protocol):
 class Backend(Protocol):
     spec: ClusterSpec
     kubeconfig: Path
+    # a real kubelet runs the workload pods' containers (kind, k3d, external); on the local
+    # backend kwok simulates them and only the lab's own pods run (the pod runner)
+    runs_containers: bool
 
     def up(self, progress: Progress) -> None: ...
 
@@ -87,6 +90,16 @@ class Backend(Protocol):
         """An Xid on one GPU of ``node``, delivered by its NVML shim as an event."""
         ...
 
+    def allocation(self, namespace: str, pod: str, container: str) -> dict[str, str] | None:
+        """The variables the device plugin's Allocate gave a container (None until known):
+        read inside the running container where containers run, from the node agent's
+        record of the response on kwok nodes."""
+        ...
+
+    def exec(self, namespace: str, pod: str, container: str, argv: list[str]) -> str:
+        """Run ``argv`` in a running container (`kubectl exec`); its output."""
+        ...
+
     def clear_faults(self, node: str, gpu: int | None = None) -> None:
         """Clear injected faults in the shim (the device plugin sees them once only)."""
         ...
@@ -106,10 +119,46 @@ def pod_ready(pod: client.V1Pod) -> bool:
     )
 
 
+# What Allocate sets in a container's environment (the device plugin's and HAMi's envs)
+ALLOCATE_ENV_PREFIXES = ("NVIDIA_", "CUDA_", "FAKE_GPU_")
+
+
 class ClusterAPI:
     """What every backend does the same way, through the API server."""
 
     kubeconfig: Path
+    runs_containers = True
+
+    def exec(self, namespace: str, pod: str, container: str, argv: list[str]) -> str:
+        from kubernetes.stream import stream
+
+        core = client.CoreV1Api(self.api())
+        return str(
+            stream(
+                core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                container=container,
+                command=argv,
+                stderr=True,
+                stdout=True,
+                stdin=False,
+                tty=False,
+            )
+        )
+
+    def allocation(self, namespace: str, pod: str, container: str) -> dict[str, str] | None:
+        """The container's environment, as kubelet started it with Allocate's envs."""
+        status = client.CoreV1Api(self.api()).read_namespaced_pod(pod, namespace).status
+        running = any(
+            s.name == container and s.state is not None and s.state.running is not None
+            for s in status.container_statuses or []
+        )
+        if not running:
+            return None
+        lines = self.exec(namespace, pod, container, ["env"]).splitlines()
+        pairs = (line.split("=", 1) for line in lines if "=" in line)
+        return {k: v for k, v in pairs if k.startswith(ALLOCATE_ENV_PREFIXES)}
 
     def api(self) -> client.ApiClient:
         return api_client(self.kubeconfig)
@@ -183,22 +232,16 @@ class ClusterAPI:
         return wait_for(replacement, timeout, f"a new Ready {component} pod{where}")
 
 
-def docker_available() -> bool:
-    """True when a Docker engine answers its API (harness/docker.py), not merely a client
-    installed."""
-    from harness.docker import engine_status
-
-    return engine_status()[0]
-
-
 def default_backend() -> str:
-    """$GPULAB_BACKEND if set, else kind where a Docker engine answers, else local."""
+    """$GPULAB_BACKEND if set, else local: the fast path for demos and tests. kind (a real
+    kubelet and container runtime, in Docker) is chosen by name: GPULAB_BACKEND=kind or
+    --backend kind."""
     chosen = os.environ.get("GPULAB_BACKEND")
     if chosen:
         if chosen not in BACKENDS:
             raise HarnessError(f"GPULAB_BACKEND={chosen!r}: use one of {', '.join(BACKENDS)}")
         return chosen
-    return "kind" if docker_available() else "local"
+    return "local"
 
 
 def _recorded(spec: ClusterSpec) -> Path:

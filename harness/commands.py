@@ -95,7 +95,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
         "--backend",
         choices=BACKENDS,
         default=os.environ.get("GPULAB_BACKEND"),
-        help="default: kind if a Docker engine answers, else local; env GPULAB_BACKEND",
+        help="local (default), kind (real kubelets in Docker), k3d or external; env GPULAB_BACKEND",
     )
     p.add_argument(
         "--kubeconfig",

@@ -28,6 +28,7 @@ Each worker node carries its GPU profile as a file mounted at
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +42,7 @@ from kubernetes import client
 from kubernetes.utils import parse_quantity
 
 from gpulab.fakegpu import profiles
+from gpulab.fakegpu import render as fakegpu_render
 from gpulab.nodeagent.topology import MACHINE_INFO, KubeletConfig, MachineInfo
 from gpulab.state import cluster_dir
 from gpulab.wait import WaitTimeout, wait_for
@@ -388,10 +390,43 @@ class DockerCluster(ClusterAPI):
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
         self.load_image(to_load, progress)
+        if self.tool == "kind":
+            self._install_fake_driver(progress)
         pki.create_ca(self.pki_dir())
         self._apply(["base"], progress)
         self._wait_nodes(progress)
         addons.start_all(list(self.spec.addons), self, progress)
+
+    def node_containers(self) -> dict[str, Any]:
+        """kind: the Docker container of each node, by node name (the spec node's name,
+        which kubeadm passed to kubelet as --hostname-override; the control plane's is its
+        container's name)."""
+        found = {}
+        for container in engine().containers.list(
+            filters={"label": f"io.x-k8s.kind.cluster={self.spec.name}"}
+        ):
+            _, out = container.exec_run(["cat", "/var/lib/kubelet/kubeadm-flags.env"])
+            match = re.search(r"--hostname-override=([\w.-]+)", out.decode(errors="replace"))
+            found[match.group(1) if match else container.name] = container
+        return found
+
+    def _install_fake_driver(self, progress: Progress) -> None:
+        """What a GPU node's driver install leaves on a real host: the NVIDIA device nodes.
+        Device specs a plugin returns name them (HAMi's always), and containerd refuses a
+        missing one; nothing opens them (NVML is the shim)."""
+        containers = self.node_containers()
+        for node in self.spec.nodes:
+            if not node.profile:
+                continue
+            made = fakegpu_render.device_nodes(profiles.load(node.profile))
+            script = "mkdir -p /dev/nvidia-caps\n" + "\n".join(
+                f"[ -e {path} ] || mknod -m 666 {path} c {major} {minor}"
+                for path, major, minor in made
+            )
+            code, out = containers[node.name].exec_run(["sh", "-ec", script])
+            if code != 0:
+                raise HarnessError(f"creating {node.name}'s device nodes failed: {out.decode()}")
+        progress("fake NVIDIA driver: device nodes created on every GPU node")
 
     def _remove_stale(self, progress: Progress) -> None:
         """A kind cluster of this name whose nodes no longer run (a stopped engine, a

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import yaml
+from kubernetes import client
 from kubernetes.utils import parse_quantity
 
 from gpulab.fakegpu import faults, paths, profiles
@@ -480,6 +481,23 @@ class LocalCluster(ClusterAPI):
         """The node's NVML shim state (config, faults.log): /var/lib/fake-gpu/<node> on the
         node, where the device plugin's init container renders it."""
         return volumes.host_path(self.dir, node, paths.NODE_STATE_DIR) / node
+
+    runs_containers = False
+
+    def allocation(self, namespace: str, pod: str, container: str) -> dict[str, str] | None:
+        """kwok runs no container: the node agent records each Allocate response on the
+        pod, as kubelet keeps it in its checkpoint file."""
+        from gpulab.nodeagent.policy import annotation_key
+
+        meta = client.CoreV1Api(self.api()).read_namespaced_pod(pod, namespace).metadata
+        raw = (meta.annotations or {}).get(annotation_key(container))
+        return dict(json.loads(raw)["envs"]) if raw else None
+
+    def exec(self, namespace: str, pod: str, container: str, argv: list[str]) -> str:
+        raise HarnessError(
+            "the local backend runs no workload containers (kwok simulates them): "
+            "`exec` needs a real kubelet (--backend kind)"
+        )
 
     def inject_fault(self, node: str, gpu: int, xid: int) -> None:
         faults.inject_xid(self.fake_gpu_dir(node), gpu, xid)

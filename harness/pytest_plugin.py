@@ -64,7 +64,7 @@ class LabOptions:
     """Where a test run's lab clusters live: the spec, the backend, an existing cluster."""
 
     spec: str = "default"
-    backend: str | None = None  # None: $GPULAB_BACKEND, kind where Docker answers, else local
+    backend: str | None = None  # None: $GPULAB_BACKEND, else local
     kubeconfig: Path | None = None  # an existing cluster: the external backend
 
     @property
@@ -332,7 +332,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gpulab-backend",
         default=os.environ.get("GPULAB_BACKEND"),
         choices=("local", "kind", "k3d", "external"),
-        help="backend for lab clusters (default: kind where Docker answers, else local)",
+        help="backend for lab clusters (default: $GPULAB_BACKEND, else local)",
     )
     group.addoption(
         "--gpulab-kubeconfig",

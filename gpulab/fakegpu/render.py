@@ -145,6 +145,29 @@ def mig_minors(profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The character devices the NVIDIA driver creates: /dev/nvidia<minor> and its control
+# nodes on major 195; nvidia-uvm and nvidia-caps get dynamic majors (these are typical).
+NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 510, 511
+
+
+def device_nodes(profile: Profile) -> list[tuple[str, int, int]]:
+    """(path, major, minor) of every device node the driver makes for this board: where a
+    real kubelet runs (kind), the lab's fake driver creates them on the node, so the device
+    specs a plugin returns (HAMi's always, NVIDIA's with --pass-device-specs) exist."""
+    nodes = [(f"/dev/nvidia{gpu.index}", NVIDIA_MAJOR, gpu.index) for gpu in profile.gpus]
+    nodes += [
+        ("/dev/nvidiactl", NVIDIA_MAJOR, 255),
+        ("/dev/nvidia-modeset", NVIDIA_MAJOR, 254),
+        ("/dev/nvidia-uvm", UVM_MAJOR, 0),
+        ("/dev/nvidia-uvm-tools", UVM_MAJOR, 1),
+    ]
+    for line in mig_minors(profile).splitlines():
+        name, minor = line.rsplit(" ", 1)
+        if "/" in name:
+            nodes.append((f"/dev/nvidia-caps/nvidia-cap{minor}", CAPS_MAJOR, int(minor)))
+    return nodes
+
+
 def write(profile: Profile, node: str, path: Path, state_dir: Path | None = None) -> Path:
     """Render to ``path`` atomically, so a shim starting meanwhile never reads half a file."""
     path = Path(path)

@@ -19,7 +19,6 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
 from kubernetes import client
 
 from gpulab.fakegpu import profiles
@@ -72,12 +71,10 @@ def wait_registered(backend: Backend, gpus: int, progress: Progress) -> None:
     series each). As upstream, a node whose plugin registers after the extender saw it is
     picked up by the 15 s ticker, not by the annotation's update: without this wait a
     demo's first pod could meet nodes still "unregistered"."""
-    ext = extender(backend)
-    if ext is None:
-        return
 
     def registered() -> int:
-        return httpx.get(ext.metrics + "/metrics", timeout=5).text.count(METRIC_PER_GPU + "{")
+        metrics = backend.service_get(SYSTEM_NAMESPACE, COMPONENT, "metrics", "/metrics")
+        return metrics.count(METRIC_PER_GPU + "{")
 
     try:
         wait_for(lambda: registered() == gpus, READY_TIMEOUT, "the extender to register", 0.5)

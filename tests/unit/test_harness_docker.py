@@ -267,10 +267,6 @@ def test_no_engine_is_one_line_naming_the_socket(
     assert not ok
     assert reason.startswith(f"no Docker engine answers at unix://{tmp_path}/nothing.sock: ")
     assert "\n" not in reason
-    from harness import backends
-
-    monkeypatch.delenv("GPULAB_BACKEND", raising=False)
-    assert backends.default_backend() == "local"
 
 
 def test_an_engine_answering_an_error_is_not_available(fake_engine: FakeEngine) -> None:
@@ -279,12 +275,16 @@ def test_an_engine_answering_an_error_is_not_available(fake_engine: FakeEngine) 
     assert not ok and "engine is starting" in reason
 
 
-def test_a_live_engine_makes_kind_the_default(
+def test_local_stays_the_default_where_an_engine_answers(
     fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """kind is chosen by name; an engine that answers does not switch demos and tests to it
+    (the lab's own dockerd answers once the kind lane has started it)."""
     from harness import backends
 
     monkeypatch.delenv("GPULAB_BACKEND", raising=False)
+    assert backends.default_backend() == "local"
+    monkeypatch.setenv("GPULAB_BACKEND", "kind")
     assert backends.default_backend() == "kind"
 
 
@@ -345,14 +345,9 @@ def test_kind_load_runs_only_once_the_engine_has_the_image(
     assert any(r["path"] == f"/images/{IMAGE}/json" for r in fake_engine.requests)
 
 
-def test_gpulab_backend_overrides_the_docker_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_gpulab_backend_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from harness import backends
 
-    monkeypatch.setattr(backends, "docker_available", lambda: True)
-    monkeypatch.setenv("GPULAB_BACKEND", "local")
-    assert backends.default_backend() == "local"
-    monkeypatch.delenv("GPULAB_BACKEND")
-    assert backends.default_backend() == "kind"
     monkeypatch.setenv("GPULAB_BACKEND", "minikube")
     with pytest.raises(HarnessError, match="GPULAB_BACKEND='minikube'"):
         backends.default_backend()

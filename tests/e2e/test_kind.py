@@ -1,0 +1,138 @@
+"""The kind lane: the chapters on real kubelets and a real container runtime.
+
+One kind cluster (harness/clusters/kind-e2e.yaml: a control plane, gpu-a100 with the NVIDIA
+device plugin, gpu-t4 with HAMi's) from the images `make images` built or pulled (kind
+v0.33.0, node image v1.36.3 with containerd v2.3.4). Nothing here goes through the local
+backend's node agent or kwok: the device plugin registers over kubelet's own socket, and
+every pod's container runs in containerd.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from conftest import Cluster, fresh_namespace, running_cluster
+from kubernetes import client
+
+from demos.cluster import gpu_pod_spec
+from gpulab.fakegpu import faults, profiles
+from gpulab.wait import wait_for
+from harness.addons.device_plugin import COMPONENT
+from harness.backends import SYSTEM_NAMESPACE
+from harness.binaries import KUBERNETES_VERSION
+from harness.pytest_plugin import LabOptions
+
+SPEC = "kind-e2e"
+GPU = "nvidia.com/gpu"
+A100, T4 = "gpu-a100", "gpu-t4"
+
+
+@pytest.fixture(scope="module")
+def kind() -> Iterator[Cluster]:
+    with running_cluster(SPEC, LabOptions(backend="kind")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def ns(kind: Cluster) -> Iterator[str]:
+    with fresh_namespace(kind.api, "kind") as name:
+        yield name
+
+
+def _allocatable(kind: Cluster, node: str, resource: str = GPU) -> int:
+    alloc = client.CoreV1Api(kind.api).read_node(node).status.allocatable or {}
+    return int(alloc.get(resource, "0"))
+
+
+def _node_container(kind: Cluster, node: str) -> str:
+    """The Docker container a kind node runs in."""
+    return str(kind.backend.node_containers()[node].name)
+
+
+def _gpu_pod(name: str, node: str, gpus: int) -> client.V1Pod:
+    spec = gpu_pod_spec(gpus)
+    spec.node_selector = {"kubernetes.io/hostname": node}
+    return client.V1Pod(metadata=client.V1ObjectMeta(name=name), spec=spec)
+
+
+def _running(core: client.CoreV1Api, ns: str, name: str) -> bool:
+    return core.read_namespaced_pod(name, ns).status.phase == "Running"
+
+
+def test_nodes_are_kind_containers_with_real_kubelets(kind: Cluster) -> None:
+    nodes = {n.metadata.name: n for n in client.CoreV1Api(kind.api).list_node().items}
+    assert set(nodes) == {f"{kind.spec.name}-control-plane", A100, T4}
+    for node in nodes.values():
+        info = node.status.node_info
+        assert info.kubelet_version == KUBERNETES_VERSION
+        assert info.container_runtime_version.startswith("containerd://")
+        assert node.spec.provider_id.startswith(f"kind://docker/{kind.spec.name}/")
+    # no node agent: kubelet's own device manager talks to the plugin
+    pods = client.CoreV1Api(kind.api).list_pod_for_all_namespaces().items
+    assert not [p for p in pods if "node-agent" in p.metadata.name]
+
+
+def test_the_device_plugin_registers_with_the_real_kubelet(kind: Cluster) -> None:
+    """Allocatable is what the plugin's ListAndWatch reports, through kubelet's socket; the
+    plugin is a container crictl lists in the node, and kubectl logs reads it."""
+    gpus = len(profiles.load("a100-sxm4-40gb-x8").gpus)
+    assert _allocatable(kind, A100) == gpus
+    node = _node_container(kind, A100)
+    sockets = subprocess.run(
+        ["docker", "exec", node, "ls", "/var/lib/kubelet/device-plugins"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert "kubelet.sock" in sockets and "nvidia-gpu.sock" in sockets
+    crictl = subprocess.run(
+        ["docker", "exec", node, "crictl", "ps", "--name", "device-plugin", "-o", "json"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert '"state": "CONTAINER_RUNNING"' in crictl
+    (pod,) = kind.backend.component_pods(COMPONENT, A100)
+    logs = client.CoreV1Api(kind.api).read_namespaced_pod_log(
+        pod.metadata.name, SYSTEM_NAMESPACE, container="device-plugin"
+    )
+    assert "registered nvidia.com/gpu with kubelet" in logs
+
+
+def test_a_gpu_pod_sees_only_its_gpus(kind: Cluster, ns: str) -> None:
+    """Allocate's NVIDIA_VISIBLE_DEVICES reaches the container, and nvidia-smi -L inside
+    it (the NVML shim) lists exactly those GPUs, on one NUMA node."""
+    core = client.CoreV1Api(kind.api)
+    core.create_namespaced_pod(ns, _gpu_pod("pair", A100, 2))
+    wait_for(lambda: _running(core, ns, "pair"), 120, "pod pair to run")
+    envs = wait_for(lambda: kind.backend.allocation(ns, "pair", "cuda"), 30, "its envs")
+    visible = envs["NVIDIA_VISIBLE_DEVICES"].split(",")
+    profile = profiles.load("a100-sxm4-40gb-x8")
+    by_uuid = {profiles.gpu_uuid(A100, g.index): g for g in profile.gpus}
+    assert len(visible) == 2 and set(visible) <= set(by_uuid)
+    assert len({by_uuid[u].numa_node for u in visible}) == 1
+    listed = kind.backend.exec(ns, "pair", "cuda", ["nvidia-smi", "-L"])
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", listed) == sorted(
+        visible, key=lambda u: by_uuid[u].index
+    )
+    assert _allocatable(kind, A100) == len(profile.gpus)  # allocatable counts, not usage
+
+
+def test_an_xid_takes_a_gpu_out_of_the_real_kubelets_allocatable(kind: Cluster) -> None:
+    gpus = len(profiles.load("a100-sxm4-40gb-x8").gpus)
+    (pod,) = kind.backend.component_pods(COMPONENT, A100)
+    core = client.CoreV1Api(kind.api)
+
+    def watching() -> bool:
+        logs = core.read_namespaced_pod_log(
+            pod.metadata.name, SYSTEM_NAMESPACE, container="device-plugin"
+        )
+        return "for Xid critical errors" in logs
+
+    wait_for(watching, 60, "the plugin's health check")
+    kind.backend.inject_fault(A100, 3, faults.XID_FALLEN_OFF_BUS)
+    wait_for(lambda: _allocatable(kind, A100) == gpus - 1, 60, "allocatable to drop by one")
+    capacity = client.CoreV1Api(kind.api).read_node(A100).status.capacity
+    assert capacity[GPU] == str(gpus)
+    kind.backend.clear_faults(A100)
+    kind.backend.restart(COMPONENT, A100)
+    wait_for(lambda: _allocatable(kind, A100) == gpus, 90, "all GPUs back after a restart")
