@@ -179,6 +179,15 @@ def test_score_strategies_keep_the_weakest_numa_node() -> None:
     assert score.balanced_allocation(want, nodes[0].resources, weights) == 96
 
 
+def test_least_allocated_rounds_fractional_quantities_up_as_quantity_value() -> None:
+    weights = {"cpu": 1}
+    # Value(): 2.5 cpu -> 3, 1.5 -> 2: (3 - 2) * 100 // 3 (flooring would give 50)
+    assert score.least_allocated({"cpu": Decimal("1.5")}, {"cpu": Decimal("2.5")}, weights) == 33
+    # less than one cpu left is 1, not 0 (flooring divided by zero)
+    assert score.least_allocated({"cpu": Decimal("0.25")}, {"cpu": Decimal("0.5")}, weights) == 0
+    assert score.least_allocated({"cpu": Decimal("1")}, {"cpu": Decimal("0.5")}, weights) == 0
+
+
 def test_least_numa_nodes_prefers_fewer_and_closer_numa_nodes() -> None:
     nodes = [numa(0, 2), numa(1, 2)]
     assert score.numa_nodes_required("Guaranteed", nodes, {GPU: Decimal(2)}) == ([0], True)
