@@ -11,7 +11,7 @@ from gpulab.framework.events import (
     ActionType,
     ClusterEvent,
 )
-from gpulab.framework.interface import QueuedPodInfo
+from gpulab.framework.interface import CycleState, QueuedPodInfo
 from gpulab.framework.objects import GPU, make_node, make_pod
 from gpulab.framework.runtime import FrameworkError
 from gpulab.framework.schedule_one import Scheduler
@@ -20,7 +20,7 @@ from gpulab.informer import PODS
 from gpulab.schedulerplugins import apis
 from gpulab.schedulerplugins.commands import registry
 from gpulab.schedulerplugins.controllers.podgroup import next_status
-from gpulab.schedulerplugins.coscheduling.core import check_cluster_resource
+from gpulab.schedulerplugins.coscheduling.core import TTLSet, check_cluster_resource
 
 NAME = "gpulab-scheduler"
 NS = "default"
@@ -217,6 +217,27 @@ def test_a_gang_that_timed_out_waits_in_unschedulable_pods_for_its_own_events() 
     moved = queue.MoveAllToActiveOrBackoffQueue(pg_update, pg, pg)
     assert sorted(moved) == sorted(f"{NS}/{p['metadata']['name']}" for p in pods)
     assert all(n.startswith("slow-") for n in io_.notes("FailedScheduling"))
+
+
+def test_a_schedule_timeout_of_zero_means_permit_waiting_time() -> None:
+    sched, informers, _, _ = build(FOUR_GPU_NODES)
+    pods = gang(informers, sched, "zero", 2, 2, timeout=0)
+    plugin = sched.profiles[NAME].plugins["Coscheduling"]
+    status, wait = plugin.Permit(CycleState(), pods[0], "n0")
+    assert status.is_wait() and wait == 5  # the profile's permitWaitingTimeSeconds
+    assert apis.wait_time(informers.store(apis.PODGROUPS).get(f"{NS}/zero"), 5) == 0
+
+
+def test_ttl_set_add_keeps_an_unexpired_members_expiry() -> None:
+    now = [100.0]
+    ttl = TTLSet(lambda: now[0])
+    ttl.add("pg", 3)
+    now[0] = 102.0
+    ttl.add("pg", 3)  # go-cache Add: present and not expired, so no new expiry
+    now[0] = 103.5
+    assert "pg" not in ttl
+    ttl.add("pg", 3)  # expired: added again
+    assert "pg" in ttl
 
 
 def test_min_resources_gap_is_checked_against_free_resources() -> None:

@@ -11,7 +11,7 @@ Mirrors scheduler-plugins v0.35.4-devel ``pkg/coscheduling/coscheduling.go``:
   already, or the missing share is within ``podGroupRejectPercentage`` - reject every
   waiting sibling ("optimistic rejection in PostFilter"), so no half of a group holds
   resources, and mark the group failed (it moves back in the queue order).
-- ``Permit``: Wait (``scheduleTimeoutSeconds`` of the group, else
+- ``Permit``: Wait (``scheduleTimeoutSeconds`` of the group - 0 or unset means
   ``permitWaitingTimeSeconds``) until ``minMember`` pods got this far, then Allow every
   waiting sibling at once; a pod naming a missing PodGroup is Unschedulable
   ("PodGroup not found").
@@ -155,7 +155,8 @@ class Coscheduling:
         if result == PermitStatus.WAIT:
             _, pg = self.pg_mgr.GetPodGroup(pod)
             self.pg_mgr.ActivateSiblings(pod, state)
-            return Status(Code.WAIT), wait_time(pg, self.schedule_timeout)
+            # a group's scheduleTimeoutSeconds of 0 means permitWaitingTimeSeconds
+            return Status(Code.WAIT), wait_time(pg, self.schedule_timeout) or self.schedule_timeout
         self.pg_mgr.ClearPodGroupScheduleFailure(full)
 
         def allow(wp: WaitingPod) -> None:
