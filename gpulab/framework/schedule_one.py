@@ -518,14 +518,8 @@ class Scheduler:
             line += "; " + "; ".join(f"{n}: {why}" for n, why in rejected.items())
         fwk.trace("Filter", pod, line, warning=not feasible, results=results.filter)
         if result is not None and results.score:
-            ranked = sorted(results.score.items(), key=lambda kv: -sum(kv[1].values()))
-            fwk.trace(
-                "Score",
-                pod,
-                f"{result.suggested_host} wins: "
-                + ", ".join(f"{n}={sum(s.values())}" for n, s in ranked),
-                results=results.score,
-            )
+            line = score_line(result.suggested_host, results.score)
+            fwk.trace("Score", pod, line, results=results.score)
 
     # ------------------------------------------------------------------ binding cycle
 
@@ -674,6 +668,26 @@ class Scheduler:
         if condition is None and nnn is None:
             return
         self.io.patch_pod_status(pod, condition, nnn)
+
+
+def score_line(host: str, scores: Mapping[str, Mapping[str, int]]) -> str:
+    """The Score step: every node's total, and the plugins whose (weighted) scores differ
+    between the winner and the runner-up - what decided.
+
+    "gpu-t4-1 wins: gpu-t4-1=478, gpu-t4-0=473; against gpu-t4-0:
+    NodeResourcesBalancedAllocation 78 vs 72, NodeResourcesFit 66 vs 67"
+    """
+    ranked = sorted(scores, key=lambda n: (n != host, -sum(scores[n].values())))
+    line = f"{host} wins: " + ", ".join(f"{n}={sum(scores[n].values())}" for n in ranked)
+    if len(ranked) > 1:
+        runner = ranked[1]
+        diffs = [
+            f"{plugin} {score} vs {scores[runner].get(plugin, 0)}"
+            for plugin, score in scores[host].items()
+            if score != scores[runner].get(plugin, 0)
+        ]
+        line += f"; against {runner}: " + (", ".join(diffs) or "a tie")
+    return line
 
 
 def _with_node(pod: Obj, node: str) -> dict[str, Any]:

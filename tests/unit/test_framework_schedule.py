@@ -30,7 +30,7 @@ from gpulab.framework.plugins.defaultbinder import FILTER_RESULT, FINAL_SCORE_RE
 from gpulab.framework.plugins.imagelocality import ImageLocality
 from gpulab.framework.queue import ACTIVE_Q, UNSCHEDULABLE_Q
 from gpulab.framework.runtime import Framework, FrameworkError, Registry, go_duration
-from gpulab.framework.schedule_one import Algorithm, FitError
+from gpulab.framework.schedule_one import Algorithm, FitError, score_line
 from gpulab.framework.snapshot import NodeInfo, PodInfo, new_snapshot
 from gpulab.informer import PODS, SERVICES
 from gpulab.trace import Tracer
@@ -524,3 +524,14 @@ def test_informer_changes_become_upstreams_cluster_events(monkeypatch) -> None:
     process._pod_updated(other, changed(other, status={}))
     assert queue.where(waiting) != UNSCHEDULABLE_Q
     assert "AssignedPodDelete: NodeResourcesFit says Queue" in trace.getvalue()
+
+
+def test_the_score_step_names_what_decided() -> None:
+    scores = {
+        "a": {"NodeResourcesFit": 67, "NodeResourcesBalancedAllocation": 72, "X": 300},
+        "b": {"NodeResourcesFit": 66, "NodeResourcesBalancedAllocation": 78, "X": 300},
+    }
+    assert score_line("b", scores) == (
+        "b wins: b=444, a=439; against a: NodeResourcesFit 66 vs 67, "
+        "NodeResourcesBalancedAllocation 78 vs 72"
+    )
