@@ -19,8 +19,9 @@ hint decision about a pod is a ``QueueingHint`` trace step on it (upstream: a lo
 at verbosity 5), e.g. "NodeUpdateNodeLabel: no rejector (Coscheduling) registered for
 it; stays in unschedulablePods".
 
-Lab differences: no leader election, no metrics or healthz endpoints; custom resources
-a plugin watches are named in events as upstream's ``<plural>.<version>.<group>``.
+Lab differences: no leader election, no metrics; /healthz and /readyz over plain HTTP;
+custom resources a plugin watches are named in events as upstream's
+``<plural>.<version>.<group>``.
 """
 
 from __future__ import annotations
