@@ -5,8 +5,14 @@
     WaitOnPermit -> Bind (all at once) | timeout / PostFilter -> Unreserve -> all rejected
 
 1. A PodGroup of 4 workers x 2 GPUs on two 4-GPU nodes, one of them half taken: three
-   workers fit and wait at Permit, holding their GPUs; the group's timeout rejects all
-   three together - nothing bound, nothing allocated. Free the node: all four bind at once.
+   workers fit and wait at Permit, holding their GPUs - each with
+   ``status.nominatedNodeName`` set (kube-scheduler 1.36's NominatedNodeNameForExpectation:
+   ``kubectl get pod -o wide`` shows it) - and the group's timeout rejects all three
+   together - nothing bound, nothing allocated, the nominations cleared. The rejected
+   workers wait in unschedulablePods for an event Coscheduling registered (Pod/Add,
+   PodGroup Add/Update): a node label change is not one, and the ``QueueingHint`` steps
+   say so. Free the node: the deleted pod is an AssignedPodDelete that
+   NodeResourcesFit's hint answers with Queue, and all four bind at once.
 2. The gang deadlock of the chapter's last paragraph: two jobs that each fit alone but
    not together. Without gang scheduling the default scheduler binds half of each (both
    wait forever); with Coscheduling the queue sort takes one group whole and Permit
@@ -18,6 +24,7 @@ Every step is read back from the Events gpulab-scheduler writes as it executes i
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +42,7 @@ from demos.common import (
     ok,
     say,
 )
+from gpulab import informer
 from gpulab.framework.objects import GPU, make_pod, manifest
 from gpulab.schedulerplugins import apis
 from gpulab.wait import wait_for
@@ -44,6 +52,7 @@ SPEC = "scheduling"
 SCHEDULER = "gpulab-scheduler"
 T4 = {"gpulab.io/gpu-profile": "t4-x4"}
 TIMEOUT = 5  # the groups' scheduleTimeoutSeconds
+UNRELATED = ("cpu-only", "demo.gpulab.io/unrelated")  # the node and label of step 1's event
 
 Obj = dict[str, Any]
 
@@ -97,6 +106,46 @@ def waiting_at_permit(api: client.ApiClient, names: list[str]) -> list[str]:
     return [n for n in names if any("Coscheduling: Wait" in m for m in permits.get(n, []))]
 
 
+class Nominations:
+    """Every value of ``status.nominatedNodeName`` each pod of the namespace had, in
+    order, from a pod watch for the whole demo (a moment's read could miss a clear that
+    is quickly followed by the next nomination)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.history: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        lw = informer.ListWatch(api, informer.PODS, namespace=NAMESPACE)
+        handlers = informer.Handlers(on_add=self._seen, on_update=lambda _old, new: self._seen(new))
+        self._informer = informer.Informer(lw, handlers, name="demo-nominations")
+
+    def __enter__(self) -> Nominations:
+        self._informer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._informer.stop()
+
+    def _seen(self, pod: Obj) -> None:
+        value = (pod.get("status") or {}).get("nominatedNodeName") or ""
+        with self._lock:
+            seen = self.history.setdefault(pod["metadata"]["name"], [""])
+            if seen[-1] != value:
+                seen.append(value)
+
+    def of(self, name: str) -> list[str]:
+        with self._lock:
+            return list(self.history.get(name, [""]))
+
+
+def hints(api: client.ApiClient, event: str) -> dict[str, list[str]]:
+    """QueueingHint notes by pod about ``event`` (a ClusterEvent label)."""
+    return {
+        pod: found
+        for pod, msgs in notes(api, "QueueingHint").items()
+        if (found := [m for m in msgs if m.startswith(f"{event}:")])
+    }
+
+
 def clear(api: client.ApiClient) -> None:
     core = client.CoreV1Api(api)
     core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
@@ -110,7 +159,7 @@ def group_phase(api: client.ApiClient, name: str) -> str:
     return str((pg.get("status") or {}).get("phase") or "-")
 
 
-def all_or_nothing(api: client.ApiClient) -> None:
+def all_or_nothing(api: client.ApiClient, nominations: Nominations) -> None:
     console.rule("1. four workers, room for three")
     say("pod blocker (default-scheduler) takes 2 of gpu-t4-0's 4 GPUs: 6 free, 8 needed")
     create(
@@ -132,6 +181,19 @@ def all_or_nothing(api: client.ApiClient) -> None:
     ok("3 workers passed Filter and Reserve and wait at Permit, holding 6 GPUs; nothing bound")
     if bound(api, "train"):
         raise DemoFailed(f"workers bound before the group was complete: {bound(api, 'train')}")
+    waiting = waiting_at_permit(api, names)
+    nominated = wait_for(
+        lambda: (
+            all(nominations.of(n)[-1] for n in waiting)
+            and {n: nominations.of(n)[-1] for n in waiting}
+        ),
+        30,
+        "the waiting workers' nominatedNodeName",
+    )
+    ok(
+        "each waiting worker has status.nominatedNodeName (kubectl get pod -o wide: "
+        "NOMINATED NODE): " + ", ".join(f"{n} -> {node}" for n, node in sorted(nominated.items()))
+    )
     say(f"the 4th fits nowhere; after {TIMEOUT}s the group times out at Permit")
 
     def all_rejected() -> bool:
@@ -146,16 +208,56 @@ def all_or_nothing(api: client.ApiClient) -> None:
     if bound(api, "train") or allocated:
         raise DemoFailed("a worker was bound or allocated GPUs although the group timed out")
     ok("all waiting workers rejected together (Unreserve): no pod bound, no GPU allocated")
+    cleared = wait_for(
+        lambda: all("" in nominations.of(n)[1:] for n in waiting) and waiting,
+        30,
+        "the rejected workers' nominatedNodeName to be cleared",
+    )
+    ok(f"the rejection cleared nominatedNodeName of {', '.join(sorted(cleared))}")
 
-    say("delete blocker: now the whole group fits")
+    node, label = UNRELATED
+    say(
+        f"an unrelated event: label node {node} (NodeUpdateNodeLabel). The rejected workers "
+        "wait in unschedulablePods for what Coscheduling registered (Pod/Add, PodGroup "
+        "Add/Update) - no 1-10 s backoff loop"
+    )
+    core = client.CoreV1Api(api)
+    core.patch_node(node, {"metadata": {"labels": {label: "yes"}}})
+    try:
+        skipped = wait_for(
+            lambda: {
+                pod: msgs
+                for pod, msgs in hints(api, "NodeUpdateNodeLabel").items()
+                if pod.startswith("train") and any("Coscheduling" in m for m in msgs)
+            },
+            30,
+            "a QueueingHint step about the label change on a rejected worker",
+        )
+    finally:
+        core.patch_node(node, {"metadata": {"labels": {label: None}}})
+    pod, msgs = sorted(skipped.items())[0]
+    if any("moved to" in m for m in msgs):
+        raise DemoFailed(f"the label change requeued {pod}: {msgs}")
+    ok(f"QueueingHint for {pod}: {msgs[0]}")
+
+    say(
+        "delete blocker: now the whole group fits. Its deletion is an AssignedPodDelete: "
+        "NodeResourcesFit's hint says Queue for the worker it rejected, whose Permit then "
+        "activates its siblings (ForceActivate)"
+    )
     client.CoreV1Api(api).delete_namespaced_pod("blocker", NAMESPACE, grace_period_seconds=0)
     wait_for(lambda: len(bound(api, "train")) == 4, 60, "all four workers bound")
-    times = [
-        e.event_time or e.last_timestamp
-        for e in client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items
-        if e.reason == "Scheduled" and e.involved_object.name.startswith("train")
-    ]
-    spread = (max(times) - min(times)).total_seconds() if len(times) == 4 else float("nan")
+
+    def scheduled_times() -> list[Any]:
+        return [
+            e.event_time or e.last_timestamp
+            for e in client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items
+            if e.reason == "Scheduled" and e.involved_object.name.startswith("train")
+        ]
+
+    # the scheduler posts its Events in the background: wait for all four
+    times = wait_for(lambda: len(t := scheduled_times()) == 4 and t, 30, "4 Scheduled Events")
+    spread = (max(times) - min(times)).total_seconds()
     placement = bound(api, "train")
     ok(f"all 4 workers bound within {spread:.1f}s of each other: {placement}")
     wait_for(lambda: group_phase(api, "train") == "Running", 30, "PodGroup train Running")
@@ -237,10 +339,12 @@ def run(args: argparse.Namespace) -> int:
         "timeout passes, so no job holds half the GPUs it needs.",
     )
     fresh_namespace(api, NAMESPACE)
-    with LiveTrace(api, NAMESPACE) as live:
-        all_or_nothing(api)
+    with LiveTrace(api, NAMESPACE) as live, Nominations(api) as nominations:
+        all_or_nothing(api, nominations)
         last = deadlock(api)
-        live.expect({"PreFilter", "Filter", "Reserve", "Permit", "WaitOnPermit", "Bind"})
+        live.expect(
+            {"PreFilter", "Filter", "Reserve", "Permit", "WaitOnPermit", "Bind", "QueueingHint"}
+        )
         wait_for(lambda: group_phase(api, last) == "Running", 30, f"PodGroup {last} Running")
         summary(api)
         say(f"done; deleting the pods of {NAMESPACE} so the other demos find free GPUs")

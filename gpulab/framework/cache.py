@@ -57,6 +57,12 @@ class Cache:
             if state is not None and state.assumed:
                 del self._pods[pod_uid(pod)]
 
+    def GetPod(self, pod: Obj) -> Obj | None:
+        """The cache's copy of ``pod`` (an assumed pod carries its node), or None."""
+        with self._lock:
+            state = self._pods.get(pod_uid(pod))
+            return None if state is None else state.info.pod
+
     def IsAssumedPod(self, pod: Obj) -> bool:
         with self._lock:
             state = self._pods.get(pod_uid(pod))

@@ -18,10 +18,12 @@ scheduler-plugins' kube-scheduler reads the same here::
       - name: Coscheduling
         args: {permitWaitingTimeSeconds: 10}
 
-Lab differences: the default plugin set is the in-tree subset the lab implements
-(PrioritySort, NodeUnschedulable, NodeName, TaintToleration, NodeAffinity,
-NodeResourcesFit, DefaultBinder - no volume, port, topology-spread, inter-pod-affinity,
-image or preemption plugins); ``extenders`` are refused; ``leaderElection`` and
+Lab differences: the default plugin set is the in-tree subset the lab implements, in
+upstream's order and with its weights (SchedulingGates, PrioritySort, NodeUnschedulable,
+NodeName, TaintToleration 3, NodeAffinity 2, NodeResourcesFit 1, PodTopologySpread 2,
+NodeResourcesBalancedAllocation 1, ImageLocality 1, DefaultBinder - not NodePorts, the
+volume plugins, InterPodAffinity, DefaultPreemption, DynamicResources or
+NodeDeclaredFeatures); ``extenders`` are refused; ``leaderElection`` and
 ``parallelism`` are read but have no effect (one replica, one scheduling thread).
 """
 
@@ -112,12 +114,16 @@ def default_plugins() -> dict[str, PluginSet]:
     return {
         MULTI_POINT: PluginSet(
             enabled=[
+                PluginRef("SchedulingGates"),
                 PluginRef("PrioritySort"),
                 PluginRef("NodeUnschedulable"),
                 PluginRef("NodeName"),
                 PluginRef("TaintToleration", 3),
                 PluginRef("NodeAffinity", 2),
                 PluginRef("NodeResourcesFit", 1),
+                PluginRef("PodTopologySpread", 2),
+                PluginRef("NodeResourcesBalancedAllocation", 1),
+                PluginRef("ImageLocality", 1),
                 PluginRef("DefaultBinder"),
             ]
         )

@@ -2,18 +2,17 @@
 
 Mirrors kubernetes v1.36.3 ``staging/src/k8s.io/kube-scheduler/framework/interface.go``
 (``Code``: Success, Error, Unschedulable, UnschedulableAndUnresolvable, Wait, Skip,
-Pending; ``Status``; one small interface per extension point) and ``cycle_state.go``,
-``types.go`` (``ClusterEvent``, ``ActionType``, ``QueuedPodInfo``), with the upstream
-method names (``PreFilter``, ``Filter``, ``Score``, ``Permit`` ...) so a learner can read
-the two side by side.
+Pending; ``Status``; ``NominatingInfo``; one small interface per extension point, from
+``PreEnqueue`` to ``PostBind``, and ``EnqueueExtensions``) and ``cycle_state.go``,
+``pkg/scheduler/framework/types.go`` (``QueuedPodInfo``), with the upstream method names
+(``PreFilter``, ``Filter``, ``Score``, ``Permit`` ...) so a learner can read the two side
+by side. Cluster events and queueing hints are in events.py.
 
 A plugin is any object with a ``name`` and one or more of the methods below; the
 framework finds out which extension points it serves by the methods it has (upstream:
 which interfaces its type implements).
 
-Lab differences: no ``context.Context`` (Python threads, no cancellation); a
-QueueingHint function is not supported (every event a plugin registers for requeues the
-pods it rejected, as upstream's default hint ``Queue`` does).
+Lab difference: no ``context.Context`` (Python threads, no cancellation).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from gpulab.framework.events import ClusterEvent, ClusterEventWithHint
 from gpulab.framework.snapshot import NodeInfo, PodInfo
 
 Obj = Mapping[str, Any]
@@ -148,13 +148,20 @@ class QueuedPodInfo:
 
     pod_info: PodInfo
     timestamp: float  # when it was added (back) to the queue (the queue's clock)
-    initial_attempt_timestamp: float | None = None  # first Pop, wall-clock seconds
+    # when it first entered activeQ (the queue's clock: wall-clock seconds)
+    initial_attempt_timestamp: float | None = None
     attempts: int = 0
     unschedulable_count: int = 0
     consecutive_errors_count: int = 0
     unschedulable_plugins: set[str] = field(default_factory=set)
     pending_plugins: set[str] = field(default_factory=set)
     backoff_expiration: float | None = None
+    # the PreEnqueue plugin that keeps the pod out of activeQ, and the events it registered
+    gating_plugin: str = ""
+    gating_plugin_events: list[ClusterEvent] = field(default_factory=list)
+
+    def gated(self) -> bool:
+        return bool(self.gating_plugin)
 
     @property
     def pod(self) -> Obj:
@@ -189,9 +196,30 @@ class PreFilterResult:
 
 @dataclass(frozen=True)
 class PostFilterResult:
-    """What PostFilter found (upstream: a nominated node after preemption)."""
+    """What PostFilter found (upstream: a node nominated by preemption)."""
 
-    nominated_node_name: str = ""
+    nominating_info: NominatingInfo | None = None
+
+
+class NominatingMode(enum.Enum):
+    NOOP = "Noop"  # leave status.nominatedNodeName as it is
+    OVERRIDE = "Override"  # set it to nominated_node_name ("" clears it)
+
+
+@dataclass(frozen=True)
+class NominatingInfo:
+    """What to write into the pod's ``status.nominatedNodeName``."""
+
+    nominated_node_name: str
+    mode: NominatingMode = NominatingMode.OVERRIDE
+
+
+def nominating_mode(info: NominatingInfo | None) -> NominatingMode:
+    """NominatingInfo.Mode(): a nil NominatingInfo is Noop."""
+    return NominatingMode.NOOP if info is None else info.mode
+
+
+CLEAR_NOMINATED_NODE = NominatingInfo("")
 
 
 @dataclass
@@ -209,113 +237,20 @@ class NodePluginScores:
     total_score: int = 0
 
 
-# -- cluster events (what may make an unschedulable pod schedulable) -------------------------
-
-
-class ActionType(enum.IntFlag):
-    ADD = 1
-    DELETE = 2
-    UPDATE_NODE_ALLOCATABLE = 4
-    UPDATE_NODE_LABEL = 8
-    UPDATE_NODE_TAINT = 16
-    UPDATE_NODE_CONDITION = 32
-    UPDATE_NODE_ANNOTATION = 64
-    UPDATE_POD_LABEL = 128
-    UPDATE_POD_SCALE_DOWN = 256
-    UPDATE_POD_TOLERATION = 512
-    UPDATE_POD_OTHER = 1024
-    UPDATE = (
-        UPDATE_NODE_ALLOCATABLE
-        | UPDATE_NODE_LABEL
-        | UPDATE_NODE_TAINT
-        | UPDATE_NODE_CONDITION
-        | UPDATE_NODE_ANNOTATION
-        | UPDATE_POD_LABEL
-        | UPDATE_POD_SCALE_DOWN
-        | UPDATE_POD_TOLERATION
-        | UPDATE_POD_OTHER
-    )
-    ALL = ADD | DELETE | UPDATE
-
-
-# EventResource names as upstream spells them; custom resources are
-# "<plural>.<version>.<group>", e.g. "podgroups.v1alpha1.scheduling.x-k8s.io".
-POD = "Pod"
-ASSIGNED_POD = "AssignedPod"
-UNSCHEDULED_POD = "UnschedulablePod"
-NODE = "Node"
-WILDCARD = "*"
-
-
-@dataclass(frozen=True)
-class ClusterEvent:
-    resource: str
-    action_type: ActionType
-    label: str = ""
-
-    def matches(self, incoming: ClusterEvent) -> bool:
-        """MatchClusterEvents: this registered event covers ``incoming``. ``Pod`` covers
-        assigned and unscheduled pods alike."""
-        if self.resource == WILDCARD or incoming.resource == WILDCARD:
-            return True
-        same = self.resource == incoming.resource or (
-            self.resource == POD and incoming.resource in (ASSIGNED_POD, UNSCHEDULED_POD)
-        )
-        return same and bool(self.action_type & incoming.action_type)
-
-    def __str__(self) -> str:
-        return self.label or f"{self.resource}{self.action_type!r}"
-
-
-EVENT_ASSIGNED_POD_ADD = ClusterEvent(ASSIGNED_POD, ActionType.ADD, "AssignedPodAdd")
-EVENT_ASSIGNED_POD_DELETE = ClusterEvent(ASSIGNED_POD, ActionType.DELETE, "AssignedPodDelete")
-
-
-def node_update_events(old: Obj, new: Obj) -> list[ClusterEvent]:
-    """framework.NodeSchedulingPropertiesChange: what changed on a node, as events."""
-    out: list[ClusterEvent] = []
-    old_status, new_status = old.get("status") or {}, new.get("status") or {}
-    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
-    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
-    checks = (
-        (
-            old_spec.get("unschedulable") != new_spec.get("unschedulable")
-            or old_spec.get("taints") != new_spec.get("taints"),
-            ActionType.UPDATE_NODE_TAINT,
-            "NodeTaintChange",
-        ),
-        (
-            old_status.get("allocatable") != new_status.get("allocatable"),
-            ActionType.UPDATE_NODE_ALLOCATABLE,
-            "NodeAllocatableChange",
-        ),
-        (
-            old_meta.get("labels") != new_meta.get("labels"),
-            ActionType.UPDATE_NODE_LABEL,
-            "NodeLabelChange",
-        ),
-        (
-            old_status.get("conditions") != new_status.get("conditions"),
-            ActionType.UPDATE_NODE_CONDITION,
-            "NodeConditionChange",
-        ),
-        (
-            old_meta.get("annotations") != new_meta.get("annotations"),
-            ActionType.UPDATE_NODE_ANNOTATION,
-            "NodeAnnotationChange",
-        ),
-    )
-    for changed, action, label in checks:
-        if changed:
-            out.append(ClusterEvent(NODE, action, label))
-    return out
-
-
 # -- extension points ---------------------------------------------------------------------
 
 
 class Plugin(Protocol):
     name: str
+
+
+@runtime_checkable
+class PreEnqueuePlugin(Protocol):
+    """Runs before a pod enters activeQ; a failure keeps it in unschedulablePods."""
+
+    name: str
+
+    def PreEnqueue(self, pod: Obj) -> Status: ...
 
 
 @runtime_checkable
@@ -410,12 +345,16 @@ class PostBindPlugin(Protocol):
 
 @runtime_checkable
 class EnqueueExtensions(Protocol):
-    """Which cluster events may make a pod this plugin rejected schedulable."""
+    """Which cluster events may make a pod this plugin rejected schedulable, each with
+    the hint that decides it for one pod."""
 
-    def EventsToRegister(self) -> list[ClusterEvent]: ...
+    name: str
+
+    def EventsToRegister(self) -> list[ClusterEventWithHint]: ...
 
 
 EXTENSION_POINTS: dict[str, type] = {
+    "preEnqueue": PreEnqueuePlugin,
     "queueSort": QueueSortPlugin,
     "preFilter": PreFilterPlugin,
     "filter": FilterPlugin,

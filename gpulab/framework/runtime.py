@@ -1,10 +1,12 @@
 """The framework runtime: plugins built from a profile, run per extension point.
 
 Mirrors kubernetes v1.36.3 ``pkg/scheduler/framework/runtime/framework.go``
-(``NewFramework``, ``expandMultiPointPlugins``, ``RunPreFilterPlugins`` ... ``RunPostBindPlugins``,
-``RunPermitPlugins`` / ``AddWaitingPod`` / ``WaitOnPermit``) and ``waiting_pods_map.go``
+(``NewFramework``, ``fillEnqueueExtensions``, ``expandMultiPointPlugins``,
+``RunPreFilterPlugins`` ... ``RunPostBindPlugins``, ``RunPermitPlugins`` /
+``AddWaitingPod`` / ``WillWaitOnPermit`` / ``WaitOnPermit``) and ``waiting_pods_map.go``
 (``waitingPod``: one timer per Permit plugin that said Wait; ``Allow`` by every one of
-them lets the pod go on, ``Reject`` or a timeout stops it).
+them lets the pod go on, ``Reject`` or a timeout - "rejected due to timeout after waiting
+1m0s at plugin X", Go's duration format - stops it).
 
 The Framework is also the plugins' ``Handle``: the current snapshot, the waiting pods,
 the cluster's objects (``informer(resource)`` stores, filled by the scheduler), the
@@ -15,8 +17,9 @@ kube-scheduler-simulator's debuggable scheduler records it), from which the sche
 writes its trace steps and the Binding's result annotations.
 
 Lab differences: plugins run one after another (upstream filters and scores nodes in
-parallel); no metrics; PreFilter extensions (AddPod/RemovePod, used by preemption) and
-nominated pods are not implemented.
+parallel); no metrics; PreFilter extensions (AddPod/RemovePod, used by preemption),
+nominated pods in Filter and PreBindPreFlight are not implemented (no preemption, no
+PreBind plugin).
 """
 
 from __future__ import annotations
@@ -33,21 +36,28 @@ from gpulab.framework.interface import (
     MAX_PERMIT_TIMEOUT,
     MIN_NODE_SCORE,
     SUCCESS,
-    ClusterEvent,
     Code,
     CycleState,
     EnqueueExtensions,
+    FilterPlugin,
     NodePluginScores,
     NodeScore,
+    NominatingMode,
+    PermitPlugin,
     PostFilterResult,
+    PreEnqueuePlugin,
+    PreFilterPlugin,
     PreFilterResult,
     QueuedPodInfo,
     QueueSortPlugin,
+    ReservePlugin,
     ScoreExtensions,
     Status,
     error,
+    nominating_mode,
     unresolvable,
 )
+from gpulab.framework.queue import DefaultEnqueueExtension
 from gpulab.framework.snapshot import NodeInfo, Snapshot, pod_key, pod_uid
 from gpulab.informer import Handlers, Resource, Store
 from gpulab.trace import ObjectRef, Tracer
@@ -104,6 +114,36 @@ def results_of(state: CycleState) -> PluginResults:
     return results
 
 
+# shouldHaveEnqueueExtensions: the plugins that can reject a pod
+_MAY_REJECT = (PreEnqueuePlugin, PreFilterPlugin, FilterPlugin, ReservePlugin, PermitPlugin)
+
+
+def go_duration(seconds: float) -> str:
+    """Go's time.Duration.String(): "10s", "1m0s", "1.5s", "500ms", "0s"."""
+    ns = round(abs(seconds) * 1e9)
+    sign = "-" if seconds < 0 and ns else ""
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= size:
+                return sign + _decimal(ns, size) + unit
+    hours, rest = divmod(ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    out = f"{hours}h" if hours else ""
+    if hours or minutes:
+        out += f"{minutes}m"
+    return sign + out + _decimal(rest, 1_000_000_000) + "s"
+
+
+def _decimal(value: int, unit: int) -> str:
+    whole, frac = divmod(value, unit)
+    if not frac:
+        return str(whole)
+    digits = len(str(unit)) - 1
+    return f"{whole}." + f"{frac:0{digits}d}".rstrip("0")
+
+
 def _describe(status: Status) -> str:
     if status.is_success():
         return "success"
@@ -129,7 +169,8 @@ class WaitingPod:
                     self.Reject,
                     (
                         plugin,
-                        f"rejected due to timeout after waiting {timeout:g}s at plugin {plugin}",
+                        f"rejected due to timeout after waiting {go_duration(timeout)} "
+                        f"at plugin {plugin}",
                     ),
                 )
                 timer.daemon = True
@@ -328,13 +369,22 @@ class Framework:
         plugin: QueueSortPlugin = self.points["queueSort"][0]
         return plugin.Less
 
-    def EventsToRegister(self) -> list[tuple[ClusterEvent, str]]:
-        """(event, plugin) for every plugin that says which events may help it."""
-        out = []
+    def EnqueueExtensions(self) -> list[EnqueueExtensions]:
+        """fillEnqueueExtensions: the events each PreEnqueue, PreFilter, Filter, Reserve or
+        Permit plugin registered; such a plugin without EventsToRegister registers every
+        event."""
+        out: list[EnqueueExtensions] = []
         for plugin in self.plugins.values():
+            if not isinstance(plugin, _MAY_REJECT):
+                continue
             if isinstance(plugin, EnqueueExtensions):
-                out += [(event, plugin.name) for event in plugin.EventsToRegister()]
+                out.append(plugin)
+            else:
+                out.append(DefaultEnqueueExtension(plugin.name))
         return out
+
+    def PreEnqueuePlugins(self) -> list[PreEnqueuePlugin]:
+        return list(self.points["preEnqueue"])
 
     def HasFilterPlugins(self) -> bool:
         return bool(self.points["filter"])
@@ -422,7 +472,7 @@ class Framework:
                 return r, status.with_plugin(plugin.name)
             if not status.is_rejected():
                 return None, error(status.message).with_plugin(plugin.name)
-            if r is not None:
+            if r is not None and nominating_mode(r.nominating_info) is not NominatingMode.NOOP:
                 result = r
             reasons += status.reasons
             rejector = rejector or plugin.name
@@ -500,7 +550,7 @@ class Framework:
         for plugin in self.points["permit"]:
             status, timeout = plugin.Permit(state, pod, node)
             results.permit[plugin.name] = _describe(status) + (
-                f" ({timeout:g}s)" if status.is_wait() else ""
+                f" ({go_duration(timeout)})" if status.is_wait() else ""
             )
             if status.is_success():
                 continue
@@ -517,6 +567,9 @@ class Framework:
                 Code.WAIT, "one or more plugins asked to wait and no plugin rejected pod"
             )
         return {}, SUCCESS
+
+    def WillWaitOnPermit(self, pod: Obj) -> bool:
+        return self.waiting_pods.get(pod_uid(pod)) is not None
 
     def AddWaitingPod(self, pod: Obj, waits: Mapping[str, float]) -> WaitingPod:
         wp = WaitingPod(pod, waits)

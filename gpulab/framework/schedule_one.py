@@ -12,21 +12,26 @@ Mirrors kubernetes v1.36.3 ``pkg/scheduler/schedule_one.go``:
         assume (cache.AssumePod) -> RunReservePluginsReserve -> RunPermitPlugins
           (Wait: AddWaitingPod)
       bindingCycle (its own thread, like upstream's goroutine):
+        (a pod waiting at Permit: status.nominatedNodeName = the node, the
+        NominatedNodeNameForExpectation feature, beta and on since 1.35) ->
         WaitOnPermit -> RunPreBindPlugins -> RunBindPlugins -> Scheduled Event
         -> RunPostBindPlugins
       failures: Unreserve + ForgetPod, FailedScheduling Event, PodScheduled=False
-        condition, back to the queue (handleSchedulingFailure)
+        condition and nominatedNodeName cleared, back to the queue
+        (handleSchedulingFailure; handleBindingCycleError sends the AssignedPodDelete
+        event of a rejected pod only once it is back in the queue)
 
 :class:`FitError` builds upstream's message exactly: "0/N nodes are available: <PreFilter
 message>." or the sorted histogram of Filter reasons ("3 Insufficient nvidia.com/gpu,
 1 node(s) had untolerated taint(s)."), then the PostFilter message.
 
-The API sits behind :class:`SchedulerIO` (Events, the pod's condition, the informer's
-copy of a pod), so all of this runs against fakes in the unit tests.
+The API sits behind :class:`SchedulerIO` (Events, the pod's status, the informer's copy
+of a pod), so all of this runs against fakes in the unit tests.
 
-Lab differences: nodes are filtered one after another; no extenders, nominated nodes,
-preemption (DefaultPreemption) or pod-group (Workload API) cycles; ties between the best
-nodes go to the first one evaluated (upstream breaks ties through a heap order).
+Lab differences: nodes are filtered one after another, so the feasible nodes are scored
+in evaluation order (upstream: in the order its parallel Filter finished them, which is
+what the node-score heap breaks ties by); no extenders, preemption (DefaultPreemption),
+opportunistic batching or pod-group (Workload API) cycles.
 """
 
 from __future__ import annotations
@@ -39,16 +44,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpulab.framework.cache import Cache
+from gpulab.framework.events import EVENT_ASSIGNED_POD_DELETE
 from gpulab.framework.interface import (
-    EVENT_ASSIGNED_POD_DELETE,
+    CLEAR_NOMINATED_NODE,
     PODS_TO_ACTIVATE_KEY,
     Code,
     CycleState,
     NodePluginScores,
+    NominatingInfo,
+    NominatingMode,
     PodsToActivate,
     QueuedPodInfo,
     Status,
     error,
+    nominating_mode,
     unresolvable,
 )
 from gpulab.framework.queue import SchedulingQueue
@@ -172,6 +181,12 @@ class Algorithm:
             diagnosis.pre_filter_msg = status.message
             diagnosis.add_plugin_status(status)
             return [], diagnosis
+        # a node nominated in an earlier cycle (status.nominatedNodeName) is tried first
+        nominated = snapshot.get((pod.get("status") or {}).get("nominatedNodeName") or "")
+        if nominated is not None:
+            feasible = self._find_nodes_that_pass_filters(fwk, state, pod, diagnosis, [nominated])
+            if feasible:
+                return feasible, diagnosis
         nodes = all_nodes
         if pre_result is not None and not pre_result.all_nodes():
             wanted = pre_result.node_names or frozenset()
@@ -195,7 +210,10 @@ class Algorithm:
     ) -> list[NodeInfo]:
         if not nodes:
             return []
-        wanted = num_feasible_nodes_to_find(len(nodes), self.percentage_of_nodes_to_score)
+        percentage = fwk.profile.percentage_of_nodes_to_score
+        if percentage is None:  # the profile's setting wins over the global one
+            percentage = self.percentage_of_nodes_to_score
+        wanted = num_feasible_nodes_to_find(len(nodes), percentage)
         if not fwk.HasScorePlugins():
             wanted = 1
         start = self.next_start_node_index % len(nodes)
@@ -232,12 +250,21 @@ class Algorithm:
 
     @staticmethod
     def select_host(scores: list[NodePluginScores]) -> str:
-        """The highest total; on a tie the first evaluated."""
-        best = scores[0]
-        for s in scores[1:]:
-            if s.total_score > best.total_score:
-                best = s
-        return best.name
+        """The head of upstream's node-score heap (container/heap Init, then Pop): the
+        highest total; among equal totals, whichever the heap's sift-down leaves on top
+        (upstream randomises ties only when an extender scores, which the lab has not)."""
+        heap = list(scores)
+        n = len(heap)
+        for i in range(n // 2 - 1, -1, -1):
+            while (left := 2 * i + 1) < n:
+                j = left
+                if left + 1 < n and heap[left + 1].total_score > heap[left].total_score:
+                    j = left + 1
+                if not heap[j].total_score > heap[i].total_score:
+                    break
+                heap[i], heap[j] = heap[j], heap[i]
+                i = j
+        return heap[0].name
 
     def schedule_pod(
         self, fwk: Framework, state: CycleState, pod: Obj, snapshot: Snapshot
@@ -278,8 +305,11 @@ class SchedulerIO(Protocol):
         scheduler name)."""
         ...
 
-    def update_pod_condition(self, pod: Obj, condition: Mapping[str, str]) -> None:
-        """Patch the pod's PodScheduled condition (status subresource)."""
+    def patch_pod_status(
+        self, pod: Obj, condition: Mapping[str, str] | None, nominated_node_name: str | None
+    ) -> None:
+        """Patch the pod's status subresource: the condition if given, and
+        ``nominatedNodeName`` if not None ("" removes it)."""
         ...
 
 
@@ -294,6 +324,22 @@ def pod_condition_needs_update(pod: Obj, condition: Mapping[str, str]) -> bool:
         if existing.get("type") == condition["type"]:
             return any(existing.get(k) != condition[k] for k in ("status", "reason", "message"))
     return True
+
+
+@dataclass
+class Failure:
+    """Why an attempt failed: the status, the FitError behind a rejection (its plugins
+    steer the queue), and what to do with the pod's nominatedNodeName."""
+
+    status: Status
+    fit_error: FitError | None = None
+    nominating_info: NominatingInfo | None = CLEAR_NOMINATED_NODE
+
+
+def _fit_failure(
+    fit: FitError, nominating: NominatingInfo | None = CLEAR_NOMINATED_NODE
+) -> Failure:
+    return Failure(Status.of(Code.UNSCHEDULABLE, fit.message()), fit, nominating)
 
 
 class Scheduler:
@@ -334,18 +380,17 @@ class Scheduler:
         state = CycleState()
         pods_to_activate = PodsToActivate()
         state.write(PODS_TO_ACTIVATE_KEY, pods_to_activate)
-        cycle = self.queue.SchedulingCycle()
         try:
-            host, status = self.scheduling_cycle(fwk, state, qpi, pods_to_activate)
+            host, failure = self.scheduling_cycle(fwk, state, qpi, pods_to_activate)
         except Exception as exc:  # a plugin bug: the pod goes back with backoff
             _log.exception("scheduling %s failed", pod_key(pod))
-            host, status = "", error(f"scheduling cycle failed: {exc}")
-        if not status.is_success():
-            self.handle_scheduling_failure(fwk, qpi, status, cycle)
+            host, failure = "", Failure(error(f"scheduling cycle failed: {exc}"))
+        if failure is not None:
+            self.handle_scheduling_failure(fwk, qpi, failure)
             return True
         t = threading.Thread(
             target=self._run_binding_cycle,
-            args=(fwk, state, qpi, host, cycle),
+            args=(fwk, state, qpi, host),
             name=f"bind-{pod_key(pod)}",
             daemon=True,
         )
@@ -375,39 +420,39 @@ class Scheduler:
         state: CycleState,
         qpi: QueuedPodInfo,
         pods_to_activate: PodsToActivate,
-    ) -> tuple[str, Status]:
+    ) -> tuple[str, Failure | None]:
         """schedulingCycle: a host for the pod, assumed, reserved and permitted (or
-        waiting); otherwise the failure status (a FitError travels as its message and
-        in ``qpi``'s rejector plugins)."""
+        waiting); otherwise why not."""
         pod = qpi.pod
         snapshot = self.cache.UpdateSnapshot()
         fwk.set_snapshot(snapshot)
         try:
             result = self.algorithm.schedule_pod(fwk, state, pod, snapshot)
         except NoNodesAvailable as exc:
-            return "", unresolvable(str(exc))
+            return "", Failure(unresolvable(str(exc)))
         except _StatusError as exc:
             self._trace_filter(fwk, state, pod, snapshot, None)
-            return "", exc.status
+            return "", Failure(exc.status)
         except FitError as fit:
             self._trace_filter(fwk, state, pod, snapshot, None)
-            if fwk.HasPostFilterPlugins():
-                _, pf = fwk.RunPostFilterPlugins(state, pod, fit.diagnosis.node_to_status)
-                fit.diagnosis.post_filter_msg = pf.message
-                fwk.trace(
-                    "PostFilter",
-                    pod,
-                    _plugin_line(results_of(state).post_filter),
-                    warning=True,
-                    results=results_of(state).post_filter,
-                )
-            return "", self._fit_status(qpi, fit)
+            if not fwk.HasPostFilterPlugins():
+                return "", _fit_failure(fit)
+            pf_result, pf = fwk.RunPostFilterPlugins(state, pod, fit.diagnosis.node_to_status)
+            fit.diagnosis.post_filter_msg = pf.message
+            fwk.trace(
+                "PostFilter",
+                pod,
+                _plugin_line(results_of(state).post_filter),
+                warning=True,
+                results=results_of(state).post_filter,
+            )
+            return "", _fit_failure(fit, pf_result.nominating_info if pf_result else None)
         self._trace_filter(fwk, state, pod, snapshot, result)
         assumed = _with_node(pod, result.suggested_host)
         try:
             self.cache.AssumePod(assumed)
         except ValueError as exc:
-            return "", error(str(exc))
+            return "", Failure(error(str(exc)))
         status = fwk.RunReservePluginsReserve(state, assumed, result.suggested_host)
         fwk.trace(
             "Reserve",
@@ -419,9 +464,8 @@ class Scheduler:
         if not status.is_success():
             self._unreserve_and_forget(fwk, state, assumed, result.suggested_host)
             if status.is_rejected():
-                fit = single_node_fit_error(pod, result.suggested_host, status)
-                return "", self._fit_status(qpi, fit)
-            return "", status
+                return "", _fit_failure(single_node_fit_error(pod, result.suggested_host, status))
+            return "", Failure(status)
         waits, status = fwk.RunPermitPlugins(state, assumed, result.suggested_host)
         permits = results_of(state).permit
         if permits:
@@ -433,20 +477,14 @@ class Scheduler:
         elif not status.is_success():
             self._unreserve_and_forget(fwk, state, assumed, result.suggested_host)
             if status.is_rejected():
-                fit = single_node_fit_error(pod, result.suggested_host, status)
-                return "", self._fit_status(qpi, fit)
-            return "", status
+                return "", _fit_failure(single_node_fit_error(pod, result.suggested_host, status))
+            return "", Failure(status)
         if pods_to_activate.pods:
             with pods_to_activate.lock:
                 pods = dict(pods_to_activate.pods)
                 pods_to_activate.pods.clear()
             self.queue.Activate(pods)
-        return result.suggested_host, Status()
-
-    def _fit_status(self, qpi: QueuedPodInfo, fit: FitError) -> Status:
-        qpi.unschedulable_plugins = set(fit.diagnosis.unschedulable_plugins)
-        qpi.pending_plugins = set(fit.diagnosis.pending_plugins)
-        return Status.of(Code.UNSCHEDULABLE, fit.message())
+        return result.suggested_host, None
 
     def _unreserve_and_forget(self, fwk: Framework, state: CycleState, pod: Obj, node: str) -> None:
         fwk.RunReservePluginsUnreserve(state, pod, node)
@@ -480,33 +518,35 @@ class Scheduler:
             line += "; " + "; ".join(f"{n}: {why}" for n, why in rejected.items())
         fwk.trace("Filter", pod, line, warning=not feasible, results=results.filter)
         if result is not None and results.score:
-            ranked = sorted(results.score.items(), key=lambda kv: -sum(kv[1].values()))
-            fwk.trace(
-                "Score",
-                pod,
-                f"{result.suggested_host} wins: "
-                + ", ".join(f"{n}={sum(s.values())}" for n, s in ranked),
-                results=results.score,
-            )
+            line = score_line(result.suggested_host, results.score)
+            fwk.trace("Score", pod, line, results=results.score)
 
     # ------------------------------------------------------------------ binding cycle
 
     def _run_binding_cycle(
-        self, fwk: Framework, state: CycleState, qpi: QueuedPodInfo, host: str, cycle: int
+        self, fwk: Framework, state: CycleState, qpi: QueuedPodInfo, host: str
     ) -> None:
         try:
-            self.binding_cycle(fwk, state, qpi, host, cycle)
+            self.binding_cycle(fwk, state, qpi, host)
         except Exception as exc:
             _log.exception("binding %s failed", pod_key(qpi.pod))
-            status = error(f"binding cycle failed: {exc}")
-            self._handle_binding_cycle_error(fwk, state, qpi, host, status, cycle)
+            failure = Failure(error(f"binding cycle failed: {exc}"))
+            self._handle_binding_cycle_error(fwk, state, qpi, host, failure)
 
     def binding_cycle(
-        self, fwk: Framework, state: CycleState, qpi: QueuedPodInfo, host: str, cycle: int
+        self, fwk: Framework, state: CycleState, qpi: QueuedPodInfo, host: str
     ) -> None:
-        """bindingCycle, in its own thread: WaitOnPermit -> PreBind -> Bind -> PostBind."""
+        """bindingCycle, in its own thread: (nominatedNodeName) -> WaitOnPermit ->
+        PreBind -> Bind -> PostBind."""
         assumed = _with_node(qpi.pod, host)
-        waiting = fwk.GetWaitingPod(pod_uid(assumed)) is not None
+        waiting = fwk.WillWaitOnPermit(assumed)
+        if waiting:
+            # NominatedNodeNameForExpectation: tell the world (the cluster autoscaler,
+            # kubectl get pod -o wide) where the waiting pod is about to be bound
+            try:
+                self._update_pod(assumed, None, NominatingInfo(host))
+            except Exception as exc:  # not critical: binding goes on
+                _log.warning("could not set the nominated node of %s: %s", pod_key(assumed), exc)
         status = fwk.WaitOnPermit(assumed)
         if waiting:
             fwk.trace(
@@ -516,9 +556,10 @@ class Scheduler:
                 warning=not status.is_success(),
             )
         if not status.is_success():
+            failure = Failure(status)
             if status.is_rejected():
-                status = self._fit_status(qpi, single_node_fit_error(qpi.pod, host, status))
-            self._handle_binding_cycle_error(fwk, state, qpi, host, status, cycle)
+                failure = _fit_failure(single_node_fit_error(qpi.pod, host, status))
+            self._handle_binding_cycle_error(fwk, state, qpi, host, failure)
             return
         self.queue.Done(qpi.uid)
         status = fwk.RunPreBindPlugins(state, assumed, host)
@@ -528,7 +569,7 @@ class Scheduler:
             status = fwk.RunBindPlugins(state, assumed, host)
         if not status.is_success():
             fwk.trace("Bind", qpi.pod, f"failed: {status.message}", warning=True)
-            self._handle_binding_cycle_error(fwk, state, qpi, host, status, cycle)
+            self._handle_binding_cycle_error(fwk, state, qpi, host, Failure(status))
             return
         fwk.trace("Bind", qpi.pod, f"{_plugin_line(results_of(state).bind)} -> {host}", node=host)
         meta = qpi.pod.get("metadata") or {}
@@ -546,33 +587,39 @@ class Scheduler:
             self.queue.Activate(dict(pods_to_activate.pods))
 
     def _handle_binding_cycle_error(
-        self,
-        fwk: Framework,
-        state: CycleState,
-        qpi: QueuedPodInfo,
-        host: str,
-        status: Status,
-        cycle: int,
+        self, fwk: Framework, state: CycleState, qpi: QueuedPodInfo, host: str, failure: Failure
     ) -> None:
-        """Unreserve and forget the pod; the freed resources may help the others."""
+        """handleBindingCycleError: unreserve and forget the pod - a freed assumed pod is
+        an AssignedPodDelete event for the others. For a rejected pod that event is sent
+        only after the pod is back in the queue, and not for the pod itself: otherwise the
+        pod would see it as an in-flight event and go to backoffQ whatever its rejecting
+        plugin registered."""
         assumed = _with_node(qpi.pod, host)
         self._unreserve_and_forget(fwk, state, assumed, host)
-        uid = pod_uid(qpi.pod)
+        failure.nominating_info = CLEAR_NOMINATED_NODE
+        if not failure.status.is_rejected():
+            self.queue.MoveAllToActiveOrBackoffQueue(EVENT_ASSIGNED_POD_DELETE, assumed, None)
+            self.handle_scheduling_failure(fwk, qpi, failure)
+            return
+        self.handle_scheduling_failure(fwk, qpi, failure)
+        uid = qpi.uid
         self.queue.MoveAllToActiveOrBackoffQueue(
-            EVENT_ASSIGNED_POD_DELETE, pre_check=lambda p: pod_uid(p) != uid
+            EVENT_ASSIGNED_POD_DELETE, assumed, None, pre_check=lambda p: pod_uid(p) != uid
         )
-        self.handle_scheduling_failure(fwk, qpi, status, cycle)
 
     # ------------------------------------------------------------------ failures
 
     def handle_scheduling_failure(
-        self, fwk: Framework, qpi: QueuedPodInfo, status: Status, cycle: int
+        self, fwk: Framework, qpi: QueuedPodInfo, failure: Failure
     ) -> None:
-        """handleSchedulingFailure: back to the queue, a FailedScheduling Event and the
-        PodScheduled=False condition."""
-        if not status.is_rejected():
-            qpi.unschedulable_plugins = set()
-            qpi.pending_plugins = set()
+        """handleSchedulingFailure: back to the queue (the FitError's plugins decide
+        which events can bring it back), a FailedScheduling Event, the PodScheduled=False
+        condition and the nominatedNodeName the failure asks for."""
+        status = failure.status
+        qpi.unschedulable_plugins, qpi.pending_plugins = set(), set()
+        if failure.fit_error is not None:
+            qpi.unschedulable_plugins = set(failure.fit_error.diagnosis.unschedulable_plugins)
+            qpi.pending_plugins = set(failure.fit_error.diagnosis.pending_plugins)
         reason = REASON_UNSCHEDULABLE if status.is_rejected() else REASON_SCHEDULER_ERROR
         current = self.io.current_pod(qpi.pod)
         pod = qpi.pod
@@ -586,7 +633,7 @@ class Scheduler:
         else:
             qpi.pod_info = PodInfo.of(current)
             pod = current
-            self.queue.AddUnschedulableIfNotPresent(qpi, cycle)
+            self.queue.AddUnschedulableIfNotPresent(qpi)
         message = status.message
         if len(message) > NOTE_LENGTH_LIMIT:
             message = message[: NOTE_LENGTH_LIMIT - 4] + " ..."
@@ -597,11 +644,50 @@ class Scheduler:
             "reason": reason,
             "message": status.message,
         }
-        if current is not None and pod_condition_needs_update(current, condition):
+        if current is not None:
             try:
-                self.io.update_pod_condition(current, condition)
+                self._update_pod(current, condition, failure.nominating_info)
             except Exception as exc:  # the API may be away; the next attempt retries
-                _log.warning("could not update the condition of %s: %s", pod_key(pod), exc)
+                _log.warning("could not update the status of %s: %s", pod_key(pod), exc)
+
+    def _update_pod(
+        self, pod: Obj, condition: Mapping[str, str] | None, nominating: NominatingInfo | None
+    ) -> None:
+        """updatePod: patch what changed - the condition, and nominatedNodeName when the
+        nominating info overrides it with another value."""
+        current_nnn = (pod.get("status") or {}).get("nominatedNodeName") or ""
+        nnn = None
+        if (
+            nominating is not None
+            and nominating_mode(nominating) is NominatingMode.OVERRIDE
+            and current_nnn != nominating.nominated_node_name
+        ):
+            nnn = nominating.nominated_node_name
+        if condition is not None and not pod_condition_needs_update(pod, condition):
+            condition = None
+        if condition is None and nnn is None:
+            return
+        self.io.patch_pod_status(pod, condition, nnn)
+
+
+def score_line(host: str, scores: Mapping[str, Mapping[str, int]]) -> str:
+    """The Score step: every node's total, and the plugins whose (weighted) scores differ
+    between the winner and the runner-up - what decided.
+
+    "gpu-t4-1 wins: gpu-t4-1=478, gpu-t4-0=473; against gpu-t4-0:
+    NodeResourcesBalancedAllocation 78 vs 72, NodeResourcesFit 66 vs 67"
+    """
+    ranked = sorted(scores, key=lambda n: (n != host, -sum(scores[n].values())))
+    line = f"{host} wins: " + ", ".join(f"{n}={sum(scores[n].values())}" for n in ranked)
+    if len(ranked) > 1:
+        runner = ranked[1]
+        diffs = [
+            f"{plugin} {score} vs {scores[runner].get(plugin, 0)}"
+            for plugin, score in scores[host].items()
+            if score != scores[runner].get(plugin, 0)
+        ]
+        line += f"; against {runner}: " + (", ".join(diffs) or "a tie")
+    return line
 
 
 def _with_node(pod: Obj, node: str) -> dict[str, Any]:

@@ -3,17 +3,25 @@
 Mirrors kubernetes v1.36.3 ``pkg/scheduler/scheduler.go`` (``New`` builds a framework per
 profile, ``Run`` starts the queue's flush loops and calls ``ScheduleOne`` until stopped)
 and ``eventhandlers.go`` (``addAllEventHandlers``: unscheduled pods of our profiles go to
-the queue, bound pods and nodes to the cache, and each change is a cluster event that may
-move unschedulable pods; a deleted pod waiting at Permit is rejected). The pod informer
-leaves finished pods out (``status.phase!=Succeeded,status.phase!=Failed``), as upstream's.
+the queue, bound pods and nodes to the cache, and each change is a cluster event - Node
+adds, deletes and ``NodeSchedulingPropertiesChange``, AssignedPod adds, deletes and
+``PodSchedulingPropertiesChange``, the custom resources plugins registered - handed to
+the queue with the objects before and after, for the plugins' queueing hints; a deleted
+pod waiting at Permit is rejected; a pod whose nominatedNodeName goes away is an
+AssignedPodDelete for pods of no higher priority). The pod informer leaves finished pods
+out (``status.phase!=Succeeded,status.phase!=Failed``), as upstream's.
 
 This is the I/O edge of gpulab/framework: list+watch through gpulab.informer, Events
 through the events.k8s.io API (reportingController = the profile's scheduler name, as
-kube-scheduler's recorder), the pod's PodScheduled condition through the status
-subresource, Bindings through gpulab.framework.binding.
+kube-scheduler's recorder), the pod's PodScheduled condition and nominatedNodeName
+through the status subresource, Bindings through gpulab.framework.binding. Each queueing
+hint decision about a pod is a ``QueueingHint`` trace step on it (upstream: a log line
+at verbosity 5), e.g. "NodeUpdateNodeLabel: no rejector (Coscheduling) registered for
+it; stays in unschedulablePods".
 
-Lab differences: no leader election, no metrics or healthz endpoints; custom resources
-a plugin watches are named in events as upstream's ``<plural>.<version>.<group>``.
+Lab differences: no leader election, no metrics; /healthz and /readyz over plain HTTP;
+custom resources a plugin watches are named in events as upstream's
+``<plural>.<version>.<group>``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -33,18 +41,29 @@ from kubernetes import client
 from gpulab.framework.binding import KubeBinder
 from gpulab.framework.cache import Cache
 from gpulab.framework.config import SchedulerConfiguration
-from gpulab.framework.interface import (
+from gpulab.framework.events import (
     EVENT_ASSIGNED_POD_ADD,
     EVENT_ASSIGNED_POD_DELETE,
-    NODE,
+    EVENT_NODE_ADD,
+    EVENT_NODE_DELETE,
     ActionType,
     ClusterEvent,
-    node_update_events,
+    node_scheduling_properties_change,
+    pod_scheduling_properties_change,
 )
-from gpulab.framework.queue import SchedulingQueue
+from gpulab.framework.interface import QueuedPodInfo
+from gpulab.framework.plugins.queuesort import pod_priority
+from gpulab.framework.queue import (
+    ACTIVE_Q,
+    BACKOFF_Q,
+    UNSCHEDULABLE_Q,
+    SchedulingQueue,
+    build_queueing_hint_map,
+    scheduler_name,
+)
 from gpulab.framework.runtime import Framework, Registry
 from gpulab.framework.schedule_one import Scheduler
-from gpulab.framework.snapshot import holds_node, pod_key
+from gpulab.framework.snapshot import node_name_of, pod_key, pod_uid
 from gpulab.informer import (
     NODES,
     PODS,
@@ -64,6 +83,18 @@ SYNC_WARN_EVERY = 10.0  # seconds between "waiting for caches" lines
 NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 
 
+_OUTCOMES = {
+    UNSCHEDULABLE_Q: "stays in unschedulablePods",
+    BACKOFF_Q: "moved to backoffQ",
+    ACTIVE_Q: "moved to activeQ",
+}
+
+
+def _priority_at_most(priority: int) -> Callable[[Obj], bool]:
+    """getLEPriorityPreCheck."""
+    return lambda pod: pod_priority(pod) <= priority
+
+
 def event_resource(resource: Resource) -> str:
     """How upstream names a custom resource in ClusterEvents."""
     return f"{resource.plural}.{resource.version}.{resource.group}"
@@ -78,6 +109,7 @@ class SchedulerInformers:
         self._on_event = on_event
         self._informers: dict[Resource, Informer] = {}
         self._extra: dict[Resource, list[Handlers]] = {}
+        self.event_resources: set[str] = set()  # the custom resources plugins registered
 
     def add(self, informer: Informer) -> Informer:
         """Register ``informer``; handlers added later through :meth:`store` run after its
@@ -100,22 +132,24 @@ class SchedulerInformers:
         return informer
 
     def store(self, resource: Resource, handlers: Handlers | None = None) -> Store:
-        """The store of ``resource`` (an informer is created for a custom resource, whose
-        adds, updates and deletes become cluster events), plus ``handlers`` to call."""
+        """The store of ``resource`` (an informer is created for it; if a plugin registered
+        events of the resource, its adds, updates and deletes become cluster events),
+        plus ``handlers`` to call."""
         if resource not in self._informers:
             name = event_resource(resource)
 
-            def emit(action: ActionType, label: str) -> None:
-                self._on_event(ClusterEvent(name, action, f"{name}{label}"))
+            def emit(action: ActionType, old: Obj | None, new: Obj | None) -> None:
+                if name in self.event_resources:
+                    self._on_event(ClusterEvent(name, action), old, new)
 
             def updated(old: Obj, new: Obj) -> None:
                 if resource_version(old) != resource_version(new):
-                    emit(ActionType.UPDATE, "Update")
+                    emit(ActionType.UPDATE, old, new)
 
             events = Handlers(
-                on_add=lambda _o: emit(ActionType.ADD, "Add"),
+                on_add=lambda o: emit(ActionType.ADD, None, o),
                 on_update=updated,
-                on_delete=lambda _o: emit(ActionType.DELETE, "Delete"),
+                on_delete=lambda o: emit(ActionType.DELETE, o, None),
             )
             self.add(Informer(ListWatch(self.api, resource), events, name=f"informer-{name}"))
         if handlers is not None:
@@ -187,10 +221,17 @@ class KubeSchedulerIO:
         except Exception as exc:  # the API server may be away; never stop scheduling
             _log.warning("could not post Event %s: %s", body.reason, exc)
 
-    def update_pod_condition(self, pod: Obj, condition: Mapping[str, str]) -> None:
+    def patch_pod_status(
+        self, pod: Obj, condition: Mapping[str, str] | None, nominated_node_name: str | None
+    ) -> None:
         meta = pod.get("metadata") or {}
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {"status": {"conditions": [{**condition, "lastTransitionTime": now}]}}
+        status: dict[str, Any] = {}
+        if condition is not None:
+            now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            status["conditions"] = [{**condition, "lastTransitionTime": now}]
+        if nominated_node_name is not None:
+            status["nominatedNodeName"] = nominated_node_name or None  # null removes it
+        body = {"status": status}
         self._core.patch_namespaced_pod_status(
             meta["name"],
             meta["namespace"],
@@ -275,12 +316,18 @@ class SchedulerProcess:
             waiting = fwk.waiting_pods  # one waitingPods map shared by all profiles
             self.profiles[profile.scheduler_name] = fwk
         first = next(iter(self.profiles.values()))
-        events = [e for fwk in self.profiles.values() for e in fwk.EventsToRegister()]
+        hints = {
+            name: build_queueing_hint_map(fwk.EnqueueExtensions())
+            for name, fwk in self.profiles.items()
+        }
+        self.informers.event_resources = {event.resource for m in hints.values() for event, _ in m}
         self.queue = SchedulingQueue(
             first.QueueSortFunc(),
-            events,
+            hints,
+            {name: fwk.PreEnqueuePlugins() for name, fwk in self.profiles.items()},
             config.pod_initial_backoff_seconds,
             config.pod_max_backoff_seconds,
+            on_hint=self._trace_hint,
         )
         self.scheduler = Scheduler(
             self.profiles,
@@ -290,56 +337,100 @@ class SchedulerProcess:
             config.percentage_of_nodes_to_score,
         )
 
+    def _trace_hint(self, qpi: QueuedPodInfo, event: ClusterEvent, where: str, why: str) -> None:
+        """A queueing decision about a pod, as a trace step on it."""
+        fwk = self.profiles.get(scheduler_name(qpi.pod))
+        if fwk is None:
+            return
+        outcome = _OUTCOMES.get(where, where)
+        fwk.trace("QueueingHint", qpi.pod, f"{event}: {why}; {outcome}", event=event.label)
+
     # ------------------------------------------------------------------ event handlers
 
     def _responsible(self, pod: Obj) -> bool:
-        return (pod.get("spec") or {}).get("schedulerName") in self.profiles
+        return scheduler_name(pod) in self.profiles
 
-    def _on_cluster_event(self, event: ClusterEvent) -> None:
-        moved = self.queue.MoveAllToActiveOrBackoffQueue(event)
+    def _on_cluster_event(
+        self,
+        event: ClusterEvent,
+        old: Obj | None,
+        new: Obj | None,
+        pre_check: Callable[[Obj], bool] | None = None,
+    ) -> None:
+        moved = self.queue.MoveAllToActiveOrBackoffQueue(event, old, new, pre_check)
         if moved:
             _log.debug("%s moved %s", event, moved)
 
     def _pod_added(self, pod: Obj) -> None:
-        if holds_node(pod):
+        if node_name_of(pod):
             self.cache.AddPod(pod)
-            self._on_cluster_event(EVENT_ASSIGNED_POD_ADD)
+            self._on_cluster_event(EVENT_ASSIGNED_POD_ADD, None, pod)
         elif self._responsible(pod):
             self.queue.Add(pod)
 
     def _pod_updated(self, old: Obj, new: Obj) -> None:
         if resource_version(old) == resource_version(new):
             return
-        if holds_node(new):
-            if not holds_node(old):  # just bound: it leaves the queue, joins the cache
+        if node_name_of(old):  # updateAssignedPodInCache
+            self.cache.UpdatePod(old, new)
+            for event in pod_scheduling_properties_change(new, old):
+                self._on_cluster_event(event, old, new)
+        elif node_name_of(new):  # just bound: it leaves the queue, joins the cache
+            self.cache.AddPod(new)
+            self._on_cluster_event(EVENT_ASSIGNED_POD_ADD, None, new)
+            if self._responsible(old):
                 self.queue.Delete(old)
-                self.cache.AddPod(new)
-                self._on_cluster_event(EVENT_ASSIGNED_POD_ADD)
-            else:
-                self.cache.UpdatePod(old, new)
-        elif self._responsible(new) and not self.cache.IsAssumedPod(new):
+        elif self._responsible(old):  # updatePodInSchedulingQueue
+            if self.cache.IsAssumedPod(new):
+                meta_old, meta_new = old.get("metadata") or {}, new.get("metadata") or {}
+                if meta_new.get("deletionTimestamp") and not meta_old.get("deletionTimestamp"):
+                    self._assumed_pod_deleted(new)
+                return
             self.queue.Update(old, new)
+            nominated = (old.get("status") or {}).get("nominatedNodeName")
+            if nominated and nominated != (new.get("status") or {}).get("nominatedNodeName"):
+                # the node it was nominated to is free for pods of no higher priority
+                self._on_cluster_event(
+                    EVENT_ASSIGNED_POD_DELETE, old, None, _priority_at_most(pod_priority(old))
+                )
 
     def _pod_deleted(self, pod: Obj) -> None:
-        if holds_node(pod) or (pod.get("spec") or {}).get("nodeName"):
+        if node_name_of(pod):
             self.cache.RemovePod(pod)
-            self._on_cluster_event(EVENT_ASSIGNED_POD_DELETE)
+            self._on_cluster_event(EVENT_ASSIGNED_POD_DELETE, pod, None)
             return
-        if self._responsible(pod):
-            self.queue.Delete(pod)
-            fwk = self.profiles[pod["spec"]["schedulerName"]]
-            fwk.RejectWaitingPod(str(pod.get("metadata", {}).get("uid")))
+        if not self._responsible(pod):
+            return
+        self.queue.Delete(pod)
+        if self.cache.IsAssumedPod(pod):
+            self._assumed_pod_deleted(pod)
+        elif (pod.get("status") or {}).get("nominatedNodeName"):
+            self._on_cluster_event(
+                EVENT_ASSIGNED_POD_DELETE, pod, None, _priority_at_most(pod_priority(pod))
+            )
+
+    def _assumed_pod_deleted(self, pod: Obj) -> None:
+        """handleAssumedPodDeletion: a pod waiting at Permit is rejected (its binding
+        cycle forgets it); any other assumed pod is forgotten here."""
+        assumed = self.cache.GetPod(pod)
+        if assumed is None:
+            return
+        fwk = self.profiles[scheduler_name(assumed)]
+        if not fwk.RejectWaitingPod(pod_uid(assumed)):
+            self.cache.ForgetPod(assumed)
+        self._on_cluster_event(EVENT_ASSIGNED_POD_DELETE, assumed, None)
 
     def _node_added(self, node: Obj) -> None:
         self.cache.AddNode(node)
-        self._on_cluster_event(ClusterEvent(NODE, ActionType.ADD, "NodeAdd"))
+        self._on_cluster_event(EVENT_NODE_ADD, None, node)
 
     def _node_updated(self, old: Obj, new: Obj) -> None:
         self.cache.UpdateNode(new)
-        for event in node_update_events(old, new):
-            self._on_cluster_event(event)
+        for event in node_scheduling_properties_change(new, old):
+            self._on_cluster_event(event, old, new)
 
     def _node_deleted(self, node: Obj) -> None:
+        self._on_cluster_event(EVENT_NODE_DELETE, node, None)
         self.cache.RemoveNode(node)
 
     # ------------------------------------------------------------------ run

@@ -74,7 +74,8 @@ def delete_pods(api: client.ApiClient, ns: str, timeout: float = 60) -> None:
 class GangWatch:
     """Watches a namespace's pods for the whole test and remembers, per pod group, when
     its bound count changed: a gang may pass through partial counts only while its
-    Bindings are being made (``grace`` seconds), never stay partially bound."""
+    Bindings are being made (``grace`` seconds), never stay partially bound. It also
+    keeps every value each pod's ``status.nominatedNodeName`` took, in order."""
 
     def __init__(self, api: client.ApiClient, namespace: str, min_members: Mapping[str, int]):
         self.api = api
@@ -82,6 +83,7 @@ class GangWatch:
         self.min_members = dict(min_members)
         self.bound: dict[str, set[str]] = {g: set() for g in min_members}
         self.history: dict[str, list[tuple[float, int]]] = {g: [(0.0, 0)] for g in min_members}
+        self.nominated: dict[str, list[str]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -104,6 +106,10 @@ class GangWatch:
             if group not in self.bound:
                 continue
             name = pod["metadata"]["name"]
+            nominated = self.nominated.setdefault(name, [""])
+            value = (pod.get("status") or {}).get("nominatedNodeName") or ""
+            if nominated[-1] != value:
+                nominated.append(value)
             holds = delta.type != "DELETED" and bool(pod["spec"].get("nodeName"))
             before = len(self.bound[group])
             (self.bound[group].add if holds else self.bound[group].discard)(name)
@@ -131,23 +137,34 @@ class GangWatch:
 
 class RecordingExtender:
     """A scheduler extender whose /filter records the NodeNames kube-scheduler found
-    feasible, per pod; it rejects them all (nothing binds) unless ``fail`` is False."""
+    feasible, per pod, and rejects them all (nothing binds) unless ``fail`` is False; its
+    /bind (when the scheduler's config names ``bindVerb``) records the node kube-scheduler
+    chose and refuses the Binding, so the cluster stays as it was."""
 
     def __init__(self) -> None:
         self.seen: dict[str, list[str]] = {}
+        self.chosen: dict[str, str] = {}
         self.fail = True
         recorder = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.endswith("/bind"):
+                    key = f"{args['PodNamespace']}/{args['PodName']}"
+                    recorder.chosen.setdefault(key, args["Node"])
+                    self._reply({"Error": f"{RECORDED}: chose {args['Node']}"})
+                    return
                 meta = args["Pod"]["metadata"]
                 names = list(args.get("NodeNames") or [])
                 recorder.seen[f"{meta['namespace']}/{meta['name']}"] = names
                 result = {"NodeNames": names, "FailedNodes": {}, "Error": ""}
                 if recorder.fail:
                     result = {"NodeNames": [], "FailedNodes": dict.fromkeys(names, RECORDED)}
-                body = json.dumps({"Error": "", **result}).encode()
+                self._reply({"Error": "", **result})
+
+            def _reply(self, result: Mapping[str, Any]) -> None:
+                body = json.dumps(result).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

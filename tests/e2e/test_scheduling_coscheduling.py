@@ -105,6 +105,13 @@ def test_gang_waits_at_permit_times_out_whole_then_binds_whole(cluster: Cluster,
         # three fit and wait at Permit, holding their GPUs; the fourth fits nowhere
         wait_for(lambda: len(permit_waits(api, ns, names)) >= 3, 30, "3 workers waiting at Permit")
         assert watch.count("train") == 0
+        # each waiting worker is nominated to its node (NominatedNodeNameForExpectation)
+        waiting = permit_waits(api, ns, names)
+        wait_for(
+            lambda: all(watch.nominated.get(n, [""])[-1].startswith("gpu-t4-") for n in waiting),
+            30,
+            "the waiting workers' nominatedNodeName",
+        )
         # after the group's 6 s timeout every waiting worker is rejected together
         wait_for(
             lambda: len(rejected(api, ns, names, ("timeout", "rejection in Unreserve"))) >= 3,
@@ -112,6 +119,12 @@ def test_gang_waits_at_permit_times_out_whole_then_binds_whole(cluster: Cluster,
             "the waiting workers to be rejected after the timeout",
         )
         assert watch.count("train") == 0
+        # ... and the rejection cleared each nomination (a later attempt may set it again)
+        wait_for(
+            lambda: all("" in watch.nominated[n][2:] for n in waiting),
+            30,
+            "the rejected workers' nominatedNodeName to be cleared",
+        )
         # a node frees up: all four bind at once
         client.CoreV1Api(api).delete_namespaced_pod("blocker", ns, grace_period_seconds=0)
         wait_for(lambda: watch.count("train") == 4, 60, "all 4 workers bound")

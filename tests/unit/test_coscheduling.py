@@ -2,74 +2,28 @@
 
 from __future__ import annotations
 
-import io
-import threading
-from collections.abc import Mapping
-from typing import Any
-
 import pytest
+from framework_fakes import FakeBinder, FakeInformers, FakeIO, framework, scheduler
 
-from gpulab.framework import config
-from gpulab.framework.cache import Cache
-from gpulab.framework.interface import QueuedPodInfo
+from gpulab.framework.events import (
+    EVENT_ASSIGNED_POD_DELETE,
+    NODE,
+    ActionType,
+    ClusterEvent,
+)
+from gpulab.framework.interface import CycleState, QueuedPodInfo
 from gpulab.framework.objects import GPU, make_node, make_pod
-from gpulab.framework.queue import SchedulingQueue
-from gpulab.framework.runtime import Framework, FrameworkError
+from gpulab.framework.runtime import FrameworkError
 from gpulab.framework.schedule_one import Scheduler
 from gpulab.framework.snapshot import PodInfo, new_snapshot
-from gpulab.informer import PODS, Handlers, Resource, Store, key_of
+from gpulab.informer import PODS
 from gpulab.schedulerplugins import apis
 from gpulab.schedulerplugins.commands import registry
 from gpulab.schedulerplugins.controllers.podgroup import next_status
-from gpulab.schedulerplugins.coscheduling.core import check_cluster_resource
-from gpulab.trace import Tracer
+from gpulab.schedulerplugins.coscheduling.core import TTLSet, check_cluster_resource
 
 NAME = "gpulab-scheduler"
 NS = "default"
-
-
-class FakeInformers:
-    def __init__(self) -> None:
-        self.stores: dict[Resource, Store] = {}
-        self.handlers: dict[Resource, list[Handlers]] = {}
-
-    def store(self, resource: Resource, handlers: Handlers | None = None) -> Store:
-        if handlers is not None:
-            self.handlers.setdefault(resource, []).append(handlers)
-        return self.stores.setdefault(resource, Store())
-
-    def add(self, resource: Resource, obj: dict) -> None:
-        self.store(resource).apply("ADDED", obj)
-        for h in self.handlers.get(resource, []):
-            if h.on_add:
-                h.on_add(obj)
-
-
-class FakeBinder:
-    def __init__(self) -> None:
-        self.bound: dict[str, str] = {}
-        self.lock = threading.Lock()
-
-    def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> None:
-        with self.lock:
-            self.bound[pod["metadata"]["name"]] = node
-
-
-class FakeIO:
-    def __init__(self, informers: FakeInformers) -> None:
-        self.informers = informers
-        self.events: list[tuple[str, str, str]] = []
-
-    def current_pod(self, pod: Mapping[str, Any]) -> dict | None:
-        return self.informers.store(PODS).get(key_of(pod))
-
-    def record_event(
-        self, fwk: Any, pod: Any, reason: str, action: str, note: str, warning: bool
-    ) -> None:
-        self.events.append((pod["metadata"]["name"], reason, note))
-
-    def update_pod_condition(self, pod: Any, condition: Mapping[str, str]) -> None:
-        pass
 
 
 PROFILE = {
@@ -88,23 +42,10 @@ def build(
     nodes: list[dict], profile: dict = PROFILE
 ) -> tuple[Scheduler, FakeInformers, FakeBinder, FakeIO]:
     informers = FakeInformers()
-    cfg = config.parse(
-        {"apiVersion": config.API_VERSION, "kind": config.KIND, "profiles": [profile]}
-    )
     binder = FakeBinder()
-    fwk = Framework(
-        cfg.profiles[0],
-        registry(),
-        informers=informers,
-        binder=binder,
-        tracer=Tracer(NAME, stream=io.StringIO()),
-    )
-    cache = Cache()
-    for n in nodes:
-        cache.AddNode(n)
-    queue = SchedulingQueue(fwk.QueueSortFunc(), fwk.EventsToRegister())
-    io_ = FakeIO(informers)
-    return Scheduler({NAME: fwk}, queue, cache, io_), informers, binder, io_
+    fwk = framework(profile, registry(), informers, binder)
+    sched, io_ = scheduler(fwk, nodes, informers)
+    return sched, informers, binder, io_
 
 
 def gang(
@@ -229,8 +170,74 @@ def test_queue_sort_keeps_a_group_together_and_failed_groups_step_back() -> None
     assert order == ["default/b-0", "default/b-1", "default/a-0", "default/a-1"]
     plugin = fwk.plugins["Coscheduling"]
     plugin.pg_mgr.MarkPodGroupScheduleFailure("default/b")  # b failed just now
-    qa, qb = (QueuedPodInfo(PodInfo.of(p[0]), 0.0) for p in (a, b))
+    qa, qb = (sched.queue.get(p[0]) for p in (a, b))
     assert less(qa, qb)
+
+
+def test_a_pod_of_no_group_sorts_by_when_it_entered_the_queue_not_its_creation() -> None:
+    sched, *_ = build(FOUR_GPU_NODES)
+    older = make_pod("older", NS, scheduler=NAME)
+    older["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    newer = make_pod("newer", NS, scheduler=NAME)
+    newer["metadata"]["creationTimestamp"] = "2026-01-01T00:00:05Z"
+    entered = {"older": 2000.0, "newer": 1000.0}  # newer was queued first
+    less = sched.profiles[NAME].QueueSortFunc()
+    qpis = {}
+    for pod in (older, newer):
+        qpi = QueuedPodInfo(PodInfo.of(pod), 0.0)
+        qpi.initial_attempt_timestamp = entered[pod["metadata"]["name"]]
+        qpis[pod["metadata"]["name"]] = qpi
+    assert less(qpis["newer"], qpis["older"])
+    assert not less(qpis["older"], qpis["newer"])
+
+
+def test_a_gang_that_timed_out_waits_in_unschedulable_pods_for_its_own_events() -> None:
+    """Permit rejected it (a timeout, a rejection in Unreserve): Coscheduling registered
+    only Pod/Add and PodGroup Add|Update, so a node change or a deleted pod leaves it in
+    unschedulablePods - no 1-10 s backoff loop - and a PodGroup update brings it back."""
+    sched, informers, binder, io_ = build(FOUR_GPU_NODES)
+    pods = gang(informers, sched, "slow", 3, 4, timeout=1)
+    informers.store(PODS).apply(
+        "ADDED", make_pod("slow-x", NS, labels={apis.POD_GROUP_LABEL: "slow"})
+    )  # counts for the quorum, never scheduled here
+    drain(sched, 3)
+    join(sched)
+    assert not binder.bound
+    queue = sched.queue
+    assert {queue.where(p) for p in pods} == {"unschedulablePods"}
+    assert all(queue.get(p).unschedulable_plugins == {"Coscheduling"} for p in pods)
+    relabeled = {**FOUR_GPU_NODES[0], "metadata": {**FOUR_GPU_NODES[0]["metadata"], "labels": {}}}
+    label_change = ClusterEvent(NODE, ActionType.UPDATE_NODE_LABEL)
+    assert queue.MoveAllToActiveOrBackoffQueue(label_change, FOUR_GPU_NODES[0], relabeled) == []
+    gone = make_pod("gone", NS, requests={GPU: 2}, node_name="n1")
+    assert queue.MoveAllToActiveOrBackoffQueue(EVENT_ASSIGNED_POD_DELETE, gone, None) == []
+    assert {queue.where(p) for p in pods} == {"unschedulablePods"}
+    pg = informers.store(apis.PODGROUPS).get(f"{NS}/slow")
+    pg_update = ClusterEvent("podgroups.v1alpha1.scheduling.x-k8s.io", ActionType.UPDATE)
+    moved = queue.MoveAllToActiveOrBackoffQueue(pg_update, pg, pg)
+    assert sorted(moved) == sorted(f"{NS}/{p['metadata']['name']}" for p in pods)
+    assert all(n.startswith("slow-") for n in io_.notes("FailedScheduling"))
+
+
+def test_a_schedule_timeout_of_zero_means_permit_waiting_time() -> None:
+    sched, informers, _, _ = build(FOUR_GPU_NODES)
+    pods = gang(informers, sched, "zero", 2, 2, timeout=0)
+    plugin = sched.profiles[NAME].plugins["Coscheduling"]
+    status, wait = plugin.Permit(CycleState(), pods[0], "n0")
+    assert status.is_wait() and wait == 5  # the profile's permitWaitingTimeSeconds
+    assert apis.wait_time(informers.store(apis.PODGROUPS).get(f"{NS}/zero"), 5) == 0
+
+
+def test_ttl_set_add_keeps_an_unexpired_members_expiry() -> None:
+    now = [100.0]
+    ttl = TTLSet(lambda: now[0])
+    ttl.add("pg", 3)
+    now[0] = 102.0
+    ttl.add("pg", 3)  # go-cache Add: present and not expired, so no new expiry
+    now[0] = 103.5
+    assert "pg" not in ttl
+    ttl.add("pg", 3)  # expired: added again
+    assert "pg" in ttl
 
 
 def test_min_resources_gap_is_checked_against_free_resources() -> None:

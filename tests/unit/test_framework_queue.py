@@ -1,17 +1,42 @@
-"""The scheduling queue (pure, with a fake clock): order, backoff, requeue on events."""
+"""The scheduling queue (pure, with a fake clock): order, backoff windows, PopFromBackoffQ,
+queueing hints of the in-tree plugins, in-flight events, PreEnqueue gates."""
 
 from __future__ import annotations
 
-from gpulab.framework.interface import NODE, POD, ActionType, ClusterEvent, QueuedPodInfo
-from gpulab.framework.objects import make_pod
+import functools
+
+from gpulab.framework import objects
+from gpulab.framework.events import (
+    EVENT_ASSIGNED_POD_DELETE,
+    EVENT_NODE_ADD,
+    NODE,
+    POD,
+    UNSCHEDULED_POD,
+    ActionType,
+    ClusterEvent,
+    ClusterEventWithHint,
+    match_cluster_events,
+    node_scheduling_properties_change,
+    pod_scheduling_properties_change,
+)
+from gpulab.framework.interface import QueuedPodInfo
+from gpulab.framework.objects import GPU, make_node
+from gpulab.framework.plugins.noderesources import Fit
 from gpulab.framework.plugins.queuesort import PrioritySort
+from gpulab.framework.plugins.schedulinggates import SchedulingGates
+from gpulab.framework.plugins.tainttoleration import TaintToleration
 from gpulab.framework.queue import (
     ACTIVE_Q,
     BACKOFF_Q,
     UNSCHEDULABLE_Q,
     SchedulingQueue,
-    is_pod_updated,
+    build_queueing_hint_map,
 )
+
+PROFILE = "default-scheduler"
+
+
+make_pod = functools.partial(objects.make_pod, scheduler=PROFILE)  # a pod of the profile
 
 
 class Clock:
@@ -22,20 +47,48 @@ class Clock:
         return self.now
 
 
-EVENTS = [
-    (ClusterEvent(NODE, ActionType.ADD | ActionType.UPDATE_NODE_ALLOCATABLE), "NodeResourcesFit"),
-    (ClusterEvent(POD, ActionType.DELETE), "NodeResourcesFit"),
-    (ClusterEvent(NODE, ActionType.ADD | ActionType.UPDATE_NODE_TAINT), "TaintToleration"),
-]
+class Waits:
+    """A Permit-like plugin that registered one event (no hint: always Queue)."""
+
+    name = "Waits"
+
+    def EventsToRegister(self) -> list[ClusterEventWithHint]:
+        return [ClusterEventWithHint(ClusterEvent("podgroups.v1alpha1.x", ActionType.UPDATE))]
 
 
-def queue(clock: Clock) -> SchedulingQueue:
-    return SchedulingQueue(PrioritySort().Less, EVENTS, 1.0, 10.0, clock)
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, str]] = []
+
+    def __call__(self, qpi: QueuedPodInfo, event: ClusterEvent, where: str, why: str) -> None:
+        self.seen.append((qpi.key, event.label, where, why))
 
 
-def fail(q: SchedulingQueue, qpi: QueuedPodInfo, *plugins: str) -> str:
+def queue(clock: Clock, recorder: Recorder | None = None) -> SchedulingQueue:
+    hints = build_queueing_hint_map([Fit({}), TaintToleration(), SchedulingGates(), Waits()])
+    return SchedulingQueue(
+        PrioritySort().Less,
+        {PROFILE: hints},
+        {PROFILE: [SchedulingGates()]},
+        1.0,
+        10.0,
+        clock,
+        recorder,
+    )
+
+
+def fail(q: SchedulingQueue, qpi: QueuedPodInfo, *plugins: str, pending: str = "") -> str:
     qpi.unschedulable_plugins = set(plugins)
-    return q.AddUnschedulableIfNotPresent(qpi, q.SchedulingCycle())
+    qpi.pending_plugins = {pending} if pending else set()
+    return q.AddUnschedulableIfNotPresent(qpi)
+
+
+def rejected(q: SchedulingQueue, pod: dict, *plugins: str) -> QueuedPodInfo:
+    q.Add(pod)
+    qpi = q.Pop(0)
+    assert qpi is not None and qpi.uid == pod["metadata"]["uid"]
+    assert fail(q, qpi, *plugins) == UNSCHEDULABLE_Q
+    return qpi
 
 
 def test_pop_order_is_priority_then_arrival() -> None:
@@ -49,26 +102,91 @@ def test_pop_order_is_priority_then_arrival() -> None:
     assert q.Pop(timeout=0.01) is None
 
 
-def test_rejected_pod_waits_for_an_event_its_plugin_registered() -> None:
+def test_a_pod_entering_active_q_gets_its_initial_attempt_timestamp() -> None:
     clock = Clock()
     q = queue(clock)
     pod = make_pod("p")
     q.Add(pod)
-    qpi = q.Pop(0)
-    assert fail(q, qpi, "NodeResourcesFit") == UNSCHEDULABLE_Q
-    # a taint change interests only TaintToleration: the pod stays
-    assert q.MoveAllToActiveOrBackoffQueue(ClusterEvent(NODE, ActionType.UPDATE_NODE_TAINT)) == []
-    # a deleted pod may free resources: back, through backoff (1s after one failure)
-    assert q.MoveAllToActiveOrBackoffQueue(ClusterEvent("AssignedPod", ActionType.DELETE)) == [
-        "default/p"
-    ]
-    assert q.where(pod) == BACKOFF_Q
-    clock.now += 0.5
-    q.flush_backoff_completed()
-    assert q.where(pod) == BACKOFF_Q
-    clock.now += 0.6
-    q.flush_backoff_completed()
-    assert q.where(pod) == ACTIVE_Q
+    assert q.get(pod).initial_attempt_timestamp == 1000.0
+    clock.now += 5
+    fail(q, q.Pop(0), "NodeResourcesFit")
+    q.Activate({"default/p": pod})
+    assert q.get(pod).initial_attempt_timestamp == 1000.0  # kept from the first entry
+
+
+def test_a_deleted_pod_requeues_what_node_resources_fit_rejected_only_if_it_held_a_node() -> None:
+    clock = Clock()
+    recorder = Recorder()
+    q = queue(clock, recorder)
+    pod = make_pod("p", requests={GPU: 2})
+    rejected(q, pod, "NodeResourcesFit")
+    unscheduled = make_pod("never-bound", requests={GPU: 2})
+    assert q.MoveAllToActiveOrBackoffQueue(EVENT_ASSIGNED_POD_DELETE, unscheduled, None) == []
+    assert recorder.seen[-1] == (
+        "default/p",
+        "AssignedPodDelete",
+        UNSCHEDULABLE_Q,
+        "NodeResourcesFit says QueueSkip",
+    )
+    bound = make_pod("bound", requests={GPU: 2}, node_name="n1")
+    assert q.MoveAllToActiveOrBackoffQueue(EVENT_ASSIGNED_POD_DELETE, bound, None) == ["default/p"]
+    assert q.where(pod) == BACKOFF_Q  # one failure: backoff 1 s
+
+
+def test_a_label_change_on_a_pod_node_resources_fit_rejected_does_not_requeue_it() -> None:
+    clock = Clock()
+    recorder = Recorder()
+    q = queue(clock, recorder)
+    pod = make_pod("p", requests={GPU: 2})
+    rejected(q, pod, "NodeResourcesFit")
+    clock.now += 30  # long past its backoff
+    relabeled = {**pod, "metadata": {**pod["metadata"], "labels": {"x": "y"}}}
+    q.Update(pod, relabeled)
+    assert q.where(pod) == UNSCHEDULABLE_Q
+    assert recorder.seen[-1][1:] == (
+        "UnschedulablePodUpdatePodLabel",
+        UNSCHEDULABLE_Q,
+        "no rejector (NodeResourcesFit) registered for it",
+    )
+    # a new toleration for a pod TaintToleration rejected is what its hint waits for
+    tainted_out = make_pod("t")
+    rejected(q, tainted_out, "TaintToleration")
+    clock.now += 30
+    tolerating = {
+        **tainted_out,
+        "spec": {**tainted_out["spec"], "tolerations": [{"key": "x", "operator": "Exists"}]},
+    }
+    q.Update(tainted_out, tolerating)
+    assert q.where(tainted_out) == ACTIVE_Q
+
+
+def test_node_hints_of_fit_and_taint_toleration() -> None:
+    clock = Clock()
+    q = queue(clock)
+    pod = make_pod("p", requests={GPU: 4})
+    rejected(q, pod, "NodeResourcesFit")
+    small = make_node("n", allocatable={GPU: 2})
+    grown = make_node("n", allocatable={GPU: 8})
+    relabeled = make_node("n", allocatable={GPU: 8}, labels={"a": "b"})
+    assert q.MoveAllToActiveOrBackoffQueue(EVENT_NODE_ADD, None, small) == []
+    label_change = ClusterEvent(NODE, ActionType.UPDATE_NODE_LABEL)
+    assert q.MoveAllToActiveOrBackoffQueue(label_change, grown, relabeled) == []
+    grew = ClusterEvent(NODE, ActionType.UPDATE_NODE_ALLOCATABLE)
+    assert q.MoveAllToActiveOrBackoffQueue(grew, small, grown) == ["default/p"]
+    # upstream's mitigation for kubernetes#109437: a plugin registering Node/Add gets
+    # Node/UpdateNodeTaint with the default hint, so any taint change requeues
+    other = make_pod("o", requests={GPU: 4})
+    rejected(q, other, "NodeResourcesFit")
+    taint_change = ClusterEvent(NODE, ActionType.UPDATE_NODE_TAINT)
+    assert q.MoveAllToActiveOrBackoffQueue(taint_change, small, small) == ["default/o"]
+    # TaintToleration asks whether the node went from untolerated to tolerated
+    t = make_pod("t")
+    rejected(q, t, "TaintToleration")
+    tainted = make_node("m", taints=[{"key": "k", "effect": "NoSchedule"}])
+    still = make_node("m", taints=[{"key": "k", "effect": "NoExecute"}])
+    clean = make_node("m")
+    assert q.MoveAllToActiveOrBackoffQueue(taint_change, tainted, still) == []
+    assert q.MoveAllToActiveOrBackoffQueue(taint_change, still, clean) == ["default/t"]
 
 
 def test_backoff_doubles_up_to_the_maximum() -> None:
@@ -76,15 +194,70 @@ def test_backoff_doubles_up_to_the_maximum() -> None:
     assert [q.backoff_duration(n) for n in (0, 1, 2, 3, 4, 5, 9)] == [0, 1, 2, 4, 8, 10, 10]
 
 
-def test_event_during_the_attempt_sends_the_pod_to_backoff_not_unschedulable() -> None:
+def test_backoff_expirations_are_aligned_to_one_second_windows() -> None:
     clock = Clock()
     q = queue(clock)
-    q.Add(make_pod("p"))
+    pod = make_pod("p")
+    q.Add(pod)
     qpi = q.Pop(0)
-    cycle = q.SchedulingCycle()
-    q.MoveAllToActiveOrBackoffQueue(ClusterEvent(NODE, ActionType.ADD))  # while in flight
-    qpi.unschedulable_plugins = {"NodeResourcesFit"}
-    assert q.AddUnschedulableIfNotPresent(qpi, cycle) == BACKOFF_Q
+    clock.now = 1000.3
+    fail(q, qpi)  # an error: 1 s of backoff, from 1000.3 -> the window of 1001
+    assert q.where(pod) == BACKOFF_Q
+    assert qpi.backoff_expiration == 1001.0
+    clock.now = 1001.95  # the pod's own window is still the current one: backing off
+    q.flush_backoff_completed()
+    assert q.where(pod) == BACKOFF_Q
+    clock.now = 1002.0
+    q.flush_backoff_completed()
+    assert q.where(pod) == ACTIVE_Q
+
+
+def test_pop_takes_the_head_of_backoff_q_when_active_q_is_empty() -> None:
+    clock = Clock()
+    q = queue(clock)
+    a, b, err = make_pod("a"), make_pod("b"), make_pod("err")
+    for pod in (a, b, err):
+        q.Add(pod)
+    qa, qb, qe = q.Pop(0), q.Pop(0), q.Pop(0)
+    fail(q, qb, "NodeResourcesFit")  # backoff window 1001
+    clock.now += 1
+    fail(q, qa, "NodeResourcesFit")  # window 1002
+    fail(q, qe)  # an error: the error backoff queue, never popped early
+    bound = make_pod("bound", node_name="n")
+    q.MoveAllToActiveOrBackoffQueue(EVENT_ASSIGNED_POD_DELETE, bound, None)
+    assert q.where(a) == q.where(b) == q.where(err) == BACKOFF_Q
+    assert q.PendingPods()[ACTIVE_Q] == []
+    # still backing off, but the scheduler would sit idle: b (earliest window) first
+    assert q.Pop(0).key == "default/b"
+    assert q.Pop(0).key == "default/a"
+    assert q.Pop(timeout=0.01) is None
+    assert q.where(err) == BACKOFF_Q
+
+
+def test_an_event_seen_in_flight_is_replayed_through_the_hints() -> None:
+    clock = Clock()
+    q = queue(clock)
+    helped, unhelped = make_pod("helped"), make_pod("unhelped")
+    q.Add(helped)
+    q.Add(unhelped)
+    qh, qu = q.Pop(0), q.Pop(0)
+    # while both are being scheduled, a node label changes and a bound pod goes away
+    q.MoveAllToActiveOrBackoffQueue(ClusterEvent(NODE, ActionType.UPDATE_NODE_LABEL), None, None)
+    q.MoveAllToActiveOrBackoffQueue(
+        EVENT_ASSIGNED_POD_DELETE, make_pod("gone", node_name="n"), None
+    )
+    assert fail(q, qh, "NodeResourcesFit") == BACKOFF_Q  # the delete may help it
+    assert fail(q, qu, "TaintToleration") == UNSCHEDULABLE_Q  # neither helps it
+
+
+def test_a_pending_plugins_queue_hint_skips_backoff() -> None:
+    clock = Clock()
+    q = queue(clock)
+    pod = make_pod("p")
+    q.Add(pod)
+    assert fail(q, q.Pop(0), pending="Waits") == UNSCHEDULABLE_Q
+    q.MoveAllToActiveOrBackoffQueue(ClusterEvent("podgroups.v1alpha1.x", ActionType.UPDATE))
+    assert q.where(pod) == ACTIVE_Q
 
 
 def test_an_error_without_rejecting_plugins_goes_to_backoff() -> None:
@@ -95,46 +268,39 @@ def test_an_error_without_rejecting_plugins_goes_to_backoff() -> None:
     assert qpi.consecutive_errors_count == 1
 
 
-def test_activate_and_leftover_flush() -> None:
+def test_activate_leftover_flush_and_force_activate_in_flight() -> None:
     clock = Clock()
     q = queue(clock)
-    a, b = make_pod("a"), make_pod("b")
-    q.Add(a)
-    q.Add(b)
-    fail(q, q.Pop(0), "X")
-    fail(q, q.Pop(0), "X")
-    assert q.Activate({"default/a": a}) == ["default/a"]
+    a, b, c = make_pod("a"), make_pod("b"), make_pod("c")
+    for pod in (a, b, c):
+        q.Add(pod)
+    fail(q, q.Pop(0), "TaintToleration")
+    fail(q, q.Pop(0), "TaintToleration")
+    qc = q.Pop(0)  # in flight
+    assert q.Activate({"default/a": a, "default/c": c}) == ["default/a"]
     assert q.where(a) == ACTIVE_Q and q.where(b) == UNSCHEDULABLE_Q
+    # c was in flight: the ForceActivate it missed brings it back when it fails
+    assert fail(q, qc, "TaintToleration") == BACKOFF_Q
     clock.now += 301
     q.flush_unschedulable_leftover()
     assert q.where(b) == ACTIVE_Q
 
 
-def test_updates_requeue_only_real_changes_and_gates_hold_pods() -> None:
+def test_scheduling_gates_hold_a_pod_until_they_are_removed() -> None:
     clock = Clock()
     q = queue(clock)
-    pod = make_pod("p")
-    q.Add(pod)
-    qpi = q.Pop(0)
-    fail(q, qpi, "NodeResourcesFit")
-    status_only = {
-        **pod,
-        "status": {"conditions": [{"type": "PodScheduled"}]},
-        "metadata": {**pod["metadata"], "resourceVersion": "9"},
-    }
-    assert not is_pod_updated(pod, status_only)
-    q.Update(pod, status_only)
-    assert q.where(pod) == UNSCHEDULABLE_Q
-    relabeled = {**pod, "metadata": {**pod["metadata"], "labels": {"x": "y"}}}
-    clock.now += 5
-    q.Update(pod, relabeled)
-    assert q.where(pod) == ACTIVE_Q
     gated = make_pod("g")
     gated["spec"]["schedulingGates"] = [{"name": "wait"}]
     q.Add(gated)
     assert q.where(gated) == UNSCHEDULABLE_Q
-    ungated = {**gated, "spec": {**gated["spec"], "schedulingGates": []}}
-    q.Update(gated, ungated)
+    qpi = q.get(gated)
+    assert qpi.gating_plugin == "SchedulingGates"
+    assert q.MoveAllToActiveOrBackoffQueue(EVENT_NODE_ADD, None, make_node("n")) == []
+    relabeled = {**gated, "metadata": {**gated["metadata"], "labels": {"a": "b"}}}
+    q.Update(gated, relabeled)
+    assert q.where(gated) == UNSCHEDULABLE_Q
+    ungated = {**relabeled, "spec": {**relabeled["spec"], "schedulingGates": []}}
+    q.Update(relabeled, ungated)
     assert q.where(gated) == ACTIVE_Q
 
 
@@ -149,3 +315,54 @@ def test_in_flight_pods_are_not_queued_twice() -> None:
     q.Done(pod["metadata"]["uid"])
     q.Add(pod)
     assert q.where(pod) == ACTIVE_Q
+
+
+def test_cluster_events_match_the_same_or_a_more_specific_event() -> None:
+    node_update = ClusterEvent(NODE, ActionType.UPDATE)
+    label = ClusterEvent(NODE, ActionType.UPDATE_NODE_LABEL)
+    assert match_cluster_events(node_update, label)
+    assert not match_cluster_events(label, node_update)
+    assert match_cluster_events(ClusterEvent(POD, ActionType.DELETE), EVENT_ASSIGNED_POD_DELETE)
+    wildcard = ClusterEvent("*", ActionType.ALL, "UnschedulableTimeout")
+    assert not match_cluster_events(node_update, wildcard)
+    assert match_cluster_events(ClusterEvent("*", ActionType.ALL), label)
+
+
+def test_what_counts_as_a_node_or_pod_change() -> None:
+    node = make_node("n")
+    node["status"]["conditions"] = [
+        {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}
+    ]
+    beat = {
+        **node,
+        "status": {
+            **node["status"],
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T00:00:10Z"}
+            ],
+        },
+    }
+    assert node_scheduling_properties_change(beat, node) == []
+    same_cpu = {
+        **node,
+        "status": {
+            **node["status"],
+            "allocatable": {**node["status"]["allocatable"], "cpu": "32000m"},
+        },
+    }
+    assert node_scheduling_properties_change(same_cpu, node) == []
+    cordoned = {**node, "spec": {"unschedulable": True}}
+    assert node_scheduling_properties_change(cordoned, node) == []  # only uncordon counts
+    assert node_scheduling_properties_change(node, cordoned) == [
+        ClusterEvent(NODE, ActionType.UPDATE_NODE_TAINT)
+    ]
+    pod = make_pod("p", requests={"cpu": "2"})
+    status_only = {**pod, "status": {"phase": "Pending"}}
+    assert pod_scheduling_properties_change(status_only, pod) == [
+        ClusterEvent(UNSCHEDULED_POD, ActionType.UPDATE)
+    ]
+    smaller = make_pod("p", requests={"cpu": "1"}, labels={"a": "b"})
+    assert {e.action_type for e in pod_scheduling_properties_change(smaller, pod)} == {
+        ActionType.UPDATE_POD_LABEL,
+        ActionType.UPDATE_POD_SCALE_DOWN,
+    }

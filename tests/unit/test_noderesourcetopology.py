@@ -3,17 +3,15 @@ and the topology updater's zones - all pure, on the same machine descriptions.""
 
 from __future__ import annotations
 
-import io
 from decimal import Decimal
 
 import pytest
+from framework_fakes import FakeInformers, framework
 
-from gpulab.framework import config
-from gpulab.framework.interface import CycleState
+from gpulab.framework.interface import SUCCESS, CycleState
 from gpulab.framework.objects import GPU, make_node, make_pod
-from gpulab.framework.runtime import Framework, FrameworkError
+from gpulab.framework.runtime import FrameworkError
 from gpulab.framework.snapshot import NodeInfo
-from gpulab.informer import Store
 from gpulab.nodeagent import policy, topology
 from gpulab.schedulerplugins.commands import registry
 from gpulab.schedulerplugins.noderesourcetopology import score
@@ -26,7 +24,6 @@ from gpulab.schedulerplugins.noderesourcetopology.numaresources import (
     topology_manager_of,
 )
 from gpulab.topologyupdater.aggregate import aggregate, node_resource_topology
-from gpulab.trace import Tracer
 
 GIB = 2**30
 KUBELET = topology.KubeletConfig("single-numa-node", "container", "static", "Static")
@@ -182,6 +179,15 @@ def test_score_strategies_keep_the_weakest_numa_node() -> None:
     assert score.balanced_allocation(want, nodes[0].resources, weights) == 96
 
 
+def test_least_allocated_rounds_fractional_quantities_up_as_quantity_value() -> None:
+    weights = {"cpu": 1}
+    # Value(): 2.5 cpu -> 3, 1.5 -> 2: (3 - 2) * 100 // 3 (flooring would give 50)
+    assert score.least_allocated({"cpu": Decimal("1.5")}, {"cpu": Decimal("2.5")}, weights) == 33
+    # less than one cpu left is 1, not 0 (flooring divided by zero)
+    assert score.least_allocated({"cpu": Decimal("0.25")}, {"cpu": Decimal("0.5")}, weights) == 0
+    assert score.least_allocated({"cpu": Decimal("1")}, {"cpu": Decimal("0.5")}, weights) == 0
+
+
 def test_least_numa_nodes_prefers_fewer_and_closer_numa_nodes() -> None:
     nodes = [numa(0, 2), numa(1, 2)]
     assert score.numa_nodes_required("Guaranteed", nodes, {GPU: Decimal(2)}) == ([0], True)
@@ -192,31 +198,15 @@ def test_least_numa_nodes_prefers_fewer_and_closer_numa_nodes() -> None:
 
 
 def plugin_with(nrts: dict[str, dict], args: dict | None = None):
-    stores = {NODE_RESOURCE_TOPOLOGIES: Store()}
-
-    class Informers:
-        def store(self, resource, handlers=None):
-            return stores.setdefault(resource, Store())
-
+    informers = FakeInformers()
     for obj in nrts.values():
-        stores[NODE_RESOURCE_TOPOLOGIES].apply("ADDED", obj)
-    cfg = config.parse(
-        {
-            "apiVersion": config.API_VERSION,
-            "kind": config.KIND,
-            "profiles": [
-                {
-                    "schedulerName": "s",
-                    "plugins": {"multiPoint": {"enabled": [{"name": "NodeResourceTopologyMatch"}]}},
-                    "pluginConfig": [{"name": "NodeResourceTopologyMatch", "args": args or {}}],
-                }
-            ],
-        }
-    )
-    fwk = Framework(
-        cfg.profiles[0], registry(), informers=Informers(), tracer=Tracer("s", stream=io.StringIO())
-    )
-    return fwk.plugins["NodeResourceTopologyMatch"]
+        informers.store(NODE_RESOURCE_TOPOLOGIES).apply("ADDED", obj)
+    profile = {
+        "schedulerName": "s",
+        "plugins": {"multiPoint": {"enabled": [{"name": "NodeResourceTopologyMatch"}]}},
+        "pluginConfig": [{"name": "NodeResourceTopologyMatch", "args": args or {}}],
+    }
+    return framework(profile, registry(), informers).plugins["NodeResourceTopologyMatch"]
 
 
 def test_plugin_filter_and_score_on_nrt_objects() -> None:
@@ -229,8 +219,10 @@ def test_plugin_filter_and_score_on_nrt_objects() -> None:
     assert pl.Filter(state, pod, node_info("no-nrt", T4)).is_success()
     best_effort = make_pod("be")
     assert pl.Filter(state, best_effort, node_info("gpu-t4", T4)).is_success()
-    s, _ = pl.Score(state, pod, node_info("gpu-a100", A100))
-    assert 0 < s <= 100
+    # LeastAllocated over what the pod asks (weight 1 each) on either NUMA node of the
+    # A100 (4 GPUs, 32 CPUs, 256 GiB free): gpu (4-4)/4 -> 0, cpu (32-12)/32 -> 62,
+    # memory (256-16)/256 -> 93; (0 + 62 + 93) // 3
+    assert pl.Score(state, pod, node_info("gpu-a100", A100)) == (51, SUCCESS)
     assert (
         pl.Score(state, make_pod("burstable", requests={"cpu": "1"}), node_info("gpu-a100", A100))[
             0

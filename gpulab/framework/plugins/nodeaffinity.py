@@ -5,7 +5,10 @@ Mirrors kubernetes v1.36.3 ``pkg/scheduler/framework/plugins/nodeaffinity/node_a
 (``PreFilter`` skips pods without either and narrows the nodes to those named by
 ``metadata.name In`` field terms; Filter reason "node(s) didn't match Pod's node
 affinity/selector"; ``NodeAffinityArgs.addedAffinity`` applies to every pod of the
-profile; Score sums matching preferred weights, NormalizeScore scales to 0..100).
+profile; Score sums matching preferred weights, NormalizeScore scales to 0..100;
+``EventsToRegister``: Node Add|UpdateNodeLabel with ``isSchedulableAfterNodeChange`` -
+Queue when an added node matches the pod's required affinity and the profile's, or an
+updated one starts matching).
 """
 
 from __future__ import annotations
@@ -13,12 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpulab.framework.interface import (
-    MAX_NODE_SCORE,
+from gpulab.framework.events import (
     NODE,
-    SUCCESS,
     ActionType,
     ClusterEvent,
+    ClusterEventWithHint,
+    QueueingHint,
+)
+from gpulab.framework.interface import (
+    MAX_NODE_SCORE,
+    SUCCESS,
     Code,
     CycleState,
     NodeScore,
@@ -64,8 +71,25 @@ class NodeAffinity:
             added.get("preferredDuringSchedulingIgnoredDuringExecution") or []
         )
 
-    def EventsToRegister(self) -> list[ClusterEvent]:
-        return [ClusterEvent(NODE, ActionType.ADD | ActionType.UPDATE_NODE_LABEL)]
+    def EventsToRegister(self) -> list[ClusterEventWithHint]:
+        return [
+            ClusterEventWithHint(
+                ClusterEvent(NODE, ActionType.ADD | ActionType.UPDATE_NODE_LABEL),
+                self.is_schedulable_after_node_change,
+            )
+        ]
+
+    def is_schedulable_after_node_change(
+        self, pod: Obj, old: Obj | None, new: Obj | None
+    ) -> QueueingHint:
+        assert new is not None
+        if self.added_required is not None and not node_selector_matches(new, self.added_required):
+            return QueueingHint.QUEUE_SKIP
+        if not node_affinity_matches(pod, new):
+            return QueueingHint.QUEUE_SKIP
+        if old is None:
+            return QueueingHint.QUEUE
+        return QueueingHint.QUEUE_SKIP if node_affinity_matches(pod, old) else QueueingHint.QUEUE
 
     def PreFilter(
         self, state: CycleState, pod: Obj, nodes: list[NodeInfo]

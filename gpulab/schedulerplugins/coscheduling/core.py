@@ -50,7 +50,8 @@ class PermitStatus(StrEnum):
 
 
 class TTLSet:
-    """A set whose members expire (the go-cache caches of the manager)."""
+    """A set whose members expire (the go-cache caches of the manager; ``add`` is
+    go-cache's ``Add``: a member that has not expired keeps its expiry)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._until: dict[str, float] = {}
@@ -59,7 +60,10 @@ class TTLSet:
 
     def add(self, key: str, ttl: float) -> None:
         with self._lock:
-            self._until[key] = self._clock() + ttl
+            now = self._clock()
+            if self._until.get(key, now) > now:
+                return
+            self._until[key] = now + ttl
 
     def __contains__(self, key: object) -> bool:
         with self._lock:

@@ -2,21 +2,25 @@
 
 Mirrors scheduler-plugins v0.35.4-devel ``pkg/coscheduling/coscheduling.go``:
 
-- ``Less`` (QueueSort): priority, then the group's creation time (or last failure), then
-  ``namespace/name`` - so a group's pods leave the queue together.
+- ``Less`` (QueueSort): priority, then the group's creation time (or last failure) - for
+  a pod of no group its first entry into activeQ - then ``namespace/name``, so a
+  group's pods leave the queue together.
 - ``PreFilter``: the manager's checks; a failure is UnschedulableAndUnresolvable (no
   preemption for it).
 - ``PostFilter``: a pod of the group fits nowhere - unless enough of the group is bound
   already, or the missing share is within ``podGroupRejectPercentage`` - reject every
   waiting sibling ("optimistic rejection in PostFilter"), so no half of a group holds
   resources, and mark the group failed (it moves back in the queue order).
-- ``Permit``: Wait (``scheduleTimeoutSeconds`` of the group, else
+- ``Permit``: Wait (``scheduleTimeoutSeconds`` of the group - 0 or unset means
   ``permitWaitingTimeSeconds``) until ``minMember`` pods got this far, then Allow every
   waiting sibling at once; a pod naming a missing PodGroup is Unschedulable
   ("PodGroup not found").
 - ``Reserve`` does nothing; ``Unreserve`` (a timeout, a rejection, a failed bind) rejects
   every waiting sibling ("rejection in Unreserve") and marks the group failed.
-- ``EventsToRegister``: a new pod, or a PodGroup added or updated.
+- ``EventsToRegister``: Pod Add, PodGroup Add|Update, without hint functions. A pod
+  Coscheduling rejected (a timeout at Permit, a rejection in Unreserve or PostFilter)
+  therefore waits in unschedulablePods for one of those - or for a sibling's Permit to
+  activate it - and sits out any other event (a node change, a pod deleted).
 
 The lab's trace: Permit and PostFilter decisions show in gpulab-scheduler's steps
 (``Permit: Coscheduling: Wait (30s)`` ...).
@@ -27,11 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpulab.framework.events import POD, ActionType, ClusterEvent, ClusterEventWithHint
 from gpulab.framework.interface import (
-    POD,
     SUCCESS,
-    ActionType,
-    ClusterEvent,
     Code,
     CycleState,
     PostFilterResult,
@@ -50,7 +52,6 @@ from gpulab.schedulerplugins.apis import (
     min_member,
     pod_group_full_name,
     pod_group_label,
-    timestamp,
     wait_time,
 )
 from gpulab.schedulerplugins.coscheduling.core import PermitStatus, PodGroupManager
@@ -90,19 +91,25 @@ class Coscheduling:
             self.schedule_timeout,
         )
 
-    def EventsToRegister(self) -> list[ClusterEvent]:
+    def EventsToRegister(self) -> list[ClusterEventWithHint]:
+        """A pod added (in 1.36: a pod bound - an unscheduled pod's add is no cluster
+        event), or a PodGroup added or updated; no hint functions, so each such event
+        requeues the pods Coscheduling rejected."""
         pg = f"{PODGROUPS.plural}.{PODGROUPS.version}.{PODGROUPS.group}"
         return [
-            ClusterEvent(POD, ActionType.ADD),
-            ClusterEvent(pg, ActionType.ADD | ActionType.UPDATE),
+            ClusterEventWithHint(ClusterEvent(POD, ActionType.ADD)),
+            ClusterEventWithHint(ClusterEvent(pg, ActionType.ADD | ActionType.UPDATE)),
         ]
 
     def Less(self, a: QueuedPodInfo, b: QueuedPodInfo) -> bool:
         pa, pb = pod_priority(a.pod), pod_priority(b.pod)
         if pa != pb:
             return pa > pb
-        ta = self.pg_mgr.GetCreationTimestamp(a.pod, _attempt_time(a))
-        tb = self.pg_mgr.GetCreationTimestamp(b.pod, _attempt_time(b))
+        # the queue stamps InitialAttemptTimestamp when a pod first enters activeQ
+        assert a.initial_attempt_timestamp is not None
+        assert b.initial_attempt_timestamp is not None
+        ta = self.pg_mgr.GetCreationTimestamp(a.pod, a.initial_attempt_timestamp)
+        tb = self.pg_mgr.GetCreationTimestamp(b.pod, b.initial_attempt_timestamp)
         if ta == tb:
             return pod_key(a.pod) < pod_key(b.pod)
         return ta < tb
@@ -148,7 +155,8 @@ class Coscheduling:
         if result == PermitStatus.WAIT:
             _, pg = self.pg_mgr.GetPodGroup(pod)
             self.pg_mgr.ActivateSiblings(pod, state)
-            return Status(Code.WAIT), wait_time(pg, self.schedule_timeout)
+            # a group's scheduleTimeoutSeconds of 0 means permitWaitingTimeSeconds
+            return Status(Code.WAIT), wait_time(pg, self.schedule_timeout) or self.schedule_timeout
         self.pg_mgr.ClearPodGroupScheduleFailure(full)
 
         def allow(wp: WaitingPod) -> None:
@@ -180,14 +188,6 @@ class Coscheduling:
                 wp.Reject(NAME, message)
 
         self.handle.IterateOverWaitingPods(reject)
-
-
-def _attempt_time(qpi: QueuedPodInfo) -> float:
-    """The pod's first scheduling attempt (wall clock); before one, its creation time."""
-    if qpi.initial_attempt_timestamp is not None:
-        return qpi.initial_attempt_timestamp
-    created = timestamp((qpi.pod.get("metadata") or {}).get("creationTimestamp"))
-    return created if created is not None else 0.0
 
 
 def new(args: Mapping[str, Any], handle: Framework) -> Coscheduling:

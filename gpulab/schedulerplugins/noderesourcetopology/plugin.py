@@ -24,13 +24,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from gpulab.framework.events import NODE, POD, ActionType, ClusterEvent, ClusterEventWithHint
 from gpulab.framework.interface import (
     MAX_NODE_SCORE,
-    NODE,
-    POD,
     SUCCESS,
-    ActionType,
-    ClusterEvent,
     CycleState,
     Status,
     error,
@@ -85,12 +82,18 @@ class TopologyMatch:
         self._reserved: dict[str, set[str]] = {}  # node -> pod UIDs (DiscardReserved)
         self._lock = threading.Lock()
 
-    def EventsToRegister(self) -> list[ClusterEvent]:
+    def EventsToRegister(self) -> list[ClusterEventWithHint]:
+        """No hint functions: each registered event requeues the pods this plugin
+        rejected (the Node/Add registration also brings Node/UpdateNodeTaint, as the
+        framework adds it to any plugin registering Node/Add without it)."""
         r = NODE_RESOURCE_TOPOLOGIES
+        nrt = f"{r.plural}.{r.version}.{r.group}"
         return [
-            ClusterEvent(POD, ActionType.DELETE),
-            ClusterEvent(NODE, ActionType.ADD | ActionType.UPDATE_NODE_ALLOCATABLE),
-            ClusterEvent(f"{r.plural}.{r.version}.{r.group}", ActionType.ADD | ActionType.UPDATE),
+            ClusterEventWithHint(ClusterEvent(POD, ActionType.DELETE)),
+            ClusterEventWithHint(
+                ClusterEvent(NODE, ActionType.ADD | ActionType.UPDATE_NODE_ALLOCATABLE)
+            ),
+            ClusterEventWithHint(ClusterEvent(nrt, ActionType.ADD | ActionType.UPDATE)),
         ]
 
     # ------------------------------------------------------------------ the NRT cache

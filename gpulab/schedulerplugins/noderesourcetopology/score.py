@@ -53,11 +53,10 @@ def least_allocated(
     total = weight_sum = 0
     for name, want in requested.items():
         have = numa.get(name, Decimal(0))
-        score = (
-            0
-            if have == 0 or want > have
-            else int((int(have) - int(want)) * MAX_NODE_SCORE // int(have))
-        )
+        score = 0
+        if have != 0 and want <= have:
+            # Quantity.Value() rounds a fraction up: 500m of cpu is 1
+            score = (value_of(have) - value_of(want)) * MAX_NODE_SCORE // value_of(have)
         total += score * _weight(weights, name)
         weight_sum += _weight(weights, name)
     return total // weight_sum if weight_sum else 0
