@@ -1,7 +1,8 @@
 """An in-memory API server for the Kueue controller tests: it stores objects with
 resourceVersions (409 on a stale write), enforces the pod-template rules the real API
 server applies to Jobs and Pods (422), and delivers every change to the manager as its
-informers would, synchronously."""
+informers would: synchronously, or held back until released (``hold``/``release``), as
+a watch delivers an event some time after the write."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from gpulab.informer import JOBS, PODS, Resource, key_of
 from gpulab.kueue.config import Configuration
+from gpulab.kueue.controllers.client import RESOURCE_CLAIM_TEMPLATES
 from gpulab.kueue.controllers.manager import WATCHED, Manager
 from gpulab.trace import Tracer
 
@@ -82,7 +84,11 @@ class FakeKube:
     """What the manager calls on KubeClient."""
 
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Obj]] = {r.plural: {} for r, _ in WATCHED}
+        # what the manager watches, and what it only reads
+        self.objects: dict[str, dict[str, Obj]] = {
+            r.plural: {} for r in [*(r for r, _ in WATCHED), RESOURCE_CLAIM_TEMPLATES]
+        }
+        self.held: list[tuple[Resource, str, Obj]] | None = None  # events not delivered yet
         self._rv = itertools.count(1)
         self._uid = itertools.count(1)
         self.manager: Manager | None = None
@@ -94,8 +100,20 @@ class FakeKube:
 
     # -- delivery ---------------------------------------------------------------------------
 
+    def hold(self) -> None:
+        """From now on keep the watch events until ``release``."""
+        self.held = []
+
+    def release(self) -> None:
+        held, self.held = self.held or [], None
+        for res, type_, obj in held:
+            self._deliver(res, type_, obj)
+
     def _deliver(self, res: Resource, type_: str, obj: Obj) -> None:
-        if self.manager is None:
+        if self.manager is None or res.plural not in self.manager.stores:
+            return
+        if self.held is not None:
+            self.held.append((res, type_, copy.deepcopy(obj)))
             return
         store = self.manager.store(res)
         old = store.apply(type_, copy.deepcopy(obj))
