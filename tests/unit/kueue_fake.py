@@ -52,11 +52,18 @@ def _without(template: Obj, spec_keys: tuple[str, ...]) -> Obj:
 
 def check_job_update(old: Obj, new: Obj) -> None:
     """ValidateJobUpdate: the pod template is immutable, except the scheduling
-    directives, labels and annotations of a suspended Job that never started."""
+    directives, labels and annotations of a suspended Job without a startTime (or with
+    its Suspended condition) and without active pods (v1.36,
+    MutableSchedulingDirectivesForSuspendedJobs)."""
     a, b = old["spec"].get("template"), new["spec"].get("template")
     if a == b:
         return
-    mutable = old["spec"].get("suspend") and not (old.get("status") or {}).get("startTime")
+    status = old.get("status") or {}
+    stopped = not status.get("startTime") or any(
+        c.get("type") == "Suspended" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    mutable = old["spec"].get("suspend") and stopped and not status.get("active")
     if not mutable or _without(a, _SCHEDULING) != _without(b, _SCHEDULING):
         raise _unprocessable("spec.template: Invalid value: field is immutable")
 

@@ -93,6 +93,13 @@ def start_pods(kube: FakeKube, name: str) -> None:
     )
 
 
+def stop_pods(kube: FakeKube, name: str) -> None:
+    """What the Job controller does with a suspended Job: its pods deleted, Suspended."""
+    j = kube.obj(JOBS, f"{NS}/{name}")
+    suspended = {"type": "Suspended", "status": "True", "reason": "JobSuspended"}
+    kube.patch_status(JOBS, j, {"status": {"active": 0, "ready": 0, "conditions": [suspended]}})
+
+
 def complete(kube: FakeKube, name: str) -> None:
     j = kube.obj(JOBS, f"{NS}/{name}")
     done = {"type": "Complete", "status": "True", "message": "done"}
@@ -262,10 +269,12 @@ def test_preemption_stops_the_job_and_restores_its_template_in_the_allowed_order
     assert reason(low, api.PREEMPTED) == api.IN_CLUSTER_QUEUE
     lowjob = kube.obj(JOBS, f"{NS}/low")
     assert lowjob["spec"]["suspend"] is True
-    assert "nodeSelector" not in lowjob["spec"]["template"]["spec"]  # restored
-    # the Job controller notices the suspension: no pods left
-    kube.patch_status(JOBS, lowjob, {"status": {"active": 0}})
+    # the API server refuses a template change while pods are active: not yet restored
+    assert lowjob["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "a100"}
+    assert not running(kube, "high")  # the quota is released once the pods are gone
+    stop_pods(kube, "low")
     settle(m)
+    assert "nodeSelector" not in kube.obj(JOBS, f"{NS}/low")["spec"]["template"]["spec"]
     assert running(kube, "high")
     assert reason(workload_of(kube, "low"), api.REQUEUED) == api.EVICTED_BY_PREEMPTION
     assert "IssuePreemptions" in steps(log)
@@ -483,7 +492,9 @@ def test_raising_parallelism_of_a_running_job_cannot_escape_quota() -> None:
     kube = FakeKube()
     setup(kube, quota=4)
     m, log = new_manager(kube)
-    kube.add(JOBS, job("grow", 2))
+    grow = job("grow", 2)
+    grow["spec"]["completions"] = 3  # the pod count is parallelism capped by completions
+    kube.add(JOBS, grow)
     settle(m)
     start_pods(kube, "grow")
     settle(m)
@@ -491,9 +502,13 @@ def test_raising_parallelism_of_a_running_job_cannot_escape_quota() -> None:
     assert running(kube, "grow") and wlutil.is_admitted(old)
     kube.patch(JOBS, kube.obj(JOBS, f"{NS}/grow"), {"spec": {"parallelism": 3}})
     settle(m)
+    assert kube.obj(JOBS, f"{NS}/grow")["spec"]["suspend"] is True
+    assert workload_of(kube, "grow")["metadata"]["uid"] == old["metadata"]["uid"]  # pods left
+    stop_pods(kube, "grow")
+    settle(m)
     j = kube.obj(JOBS, f"{NS}/grow")
-    assert j["spec"]["suspend"] is True
     assert "nodeSelector" not in j["spec"]["template"]["spec"]  # restored
+    assert api.PODSET_LABEL not in (j["spec"]["template"].get("metadata") or {}).get("labels", {})
     assert "startTime" not in (j.get("status") or {})
     new = workload_of(kube, "grow")
     assert new["metadata"]["uid"] != old["metadata"]["uid"]

@@ -251,13 +251,15 @@ class JobReconciler:
                 f"Updated not matching Workload for suspended job: {key}",
             )
             return written
-        if not suspended and not jobsutil.job_finished(job)[0]:
-            self._stop_job(
+        if not jobsutil.job_finished(job)[0]:
+            job = self._stop_job(
                 job,
                 wl,
                 jref,
                 "No matching Workload; restoring pod templates according to existent Workload",
             )
+            if jobsutil.job_restore_patch(job, wl) is not None:
+                return None  # restored once its pods are gone; the Job's update brings it back
         m.kube.delete(WORKLOADS, wl)
         m.tracer.step("ensureOneWorkload", jref, f"Deleted not matching Workload: {key}")
         return None
@@ -299,9 +301,11 @@ class JobReconciler:
         self.m.tracer.step("stopJob", jref, f"Job suspended: {why}", warning=True)
 
     def _stop_job(self, job: Obj, wl: Obj, jref: ObjectRef, message: str) -> Obj:
-        """Job.Stop: suspend, forget the start time (the pod template may only change on
-        a suspended Job that has no startTime), restore the template the Workload
-        recorded."""
+        """Job.Stop: suspend, forget the start time, restore the template the Workload
+        recorded. The API server lets a suspended Job's template change only once it has
+        no startTime (or is Suspended) and no active pod (MutableSchedulingDirectives-
+        ForSuspendedJobs, Beta in v1.36): until the Job controller has removed its pods the
+        restore waits, and the Job's status update brings the reconcile back."""
         m = self.m
         if not (job.get("spec") or {}).get("suspend"):
             job = m.kube.patch(JOBS, job, {"spec": {"suspend": True}})
@@ -309,7 +313,7 @@ class JobReconciler:
         if (job.get("status") or {}).get("startTime"):
             job = m.kube.patch_status(JOBS, job, {"status": {"startTime": None}})
         restore = jobsutil.job_restore_patch(job, wl)
-        if restore is not None:
+        if restore is not None and not (job.get("status") or {}).get("active"):
             job = m.kube.patch(JOBS, job, restore)
         return job
 
