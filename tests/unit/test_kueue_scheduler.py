@@ -361,7 +361,10 @@ def test_fair_sharing_admits_the_queue_with_the_lower_share_first() -> None:
     assert entries["a-2"].admission is None
 
 
-def test_fair_sharing_preemption_takes_from_the_highest_share() -> None:
+def test_fair_sharing_preemptor_within_nominal_takes_back_only_what_it_needs() -> None:
+    """FairSharingPreemptWithinNominal: a preemptor within its nominal quota reclaims
+    without the strategies (InCohortReclamation); the strategies and the ordering by
+    share are test_fair_sharing_preemption_as_upstream's."""
     fair = Preemption(reclaim_within_cohort=api.ANY)
     queues = [cq("a", {"gpu": 4}, cohort="t", preemption=fair), cq("b", {"gpu": 4}, cohort="t")]
     running = [admitted(f"b-{i}", "b", "gpu", 2, at=NOW - i) for i in range(4)]
