@@ -22,8 +22,11 @@ stopped. Plain pods and pod groups follow pkg/controller/jobs/pod/pod_controller
 (the ``kueue.x-k8s.io/managed`` finalizer is removed once a pod ended or is deleted
 and its Workload finished).
 
-Lab difference: the equivalence check covers batch/v1 Jobs (a Pod's spec cannot
-change; a pod group is one pod set).
+Lab differences: the equivalence check covers batch/v1 Jobs (a Pod's spec cannot
+change; a pod group is one pod set); a Job stopped because it no longer matches keeps
+its Workload, and so its quota, until its pods are gone and its template is restored
+(upstream deletes the Workload at once, and a v1.36 API server refuses the restore while
+pods are active).
 """
 
 from __future__ import annotations
