@@ -463,7 +463,8 @@ def kueue_workload_links(objs: ObjectSet, wl: Obj) -> list[Link]:
                 ],
                 fix=f"create ClusterQueue {cq_name} (a LocalQueue's spec.clusterQueue is "
                 f"immutable; or recreate the LocalQueue naming one of "
-                f"{_names(objs.cluster_queues)})",
+                f"{_names(objs.cluster_queues)}), or relabel the suspended Job "
+                f"{QUEUE_LABEL}=<a LocalQueue with room>: its Workload moves there",
             )
         )
         return links

@@ -58,6 +58,11 @@ JOB_MIN_PARALLELISM = "kueue.x-k8s.io/job-min-parallelism"
 DEFAULT_LOCAL_QUEUE = "default"
 DEFAULT_PRIORITY_CLASS = "default"
 DEFAULT_POD_SET = "main"
+PODS = "pods"  # a ClusterQueue covering it limits the number of pods
+# What startJob puts on the pods (pkg/constants; the queue names: AssignQueueLabelsForPods)
+PODSET_LABEL = "kueue.x-k8s.io/podset"
+LOCAL_QUEUE_LABEL = "kueue.x-k8s.io/local-queue-name"
+CLUSTER_QUEUE_LABEL = "kueue.x-k8s.io/cluster-queue-name"
 
 # Workload condition types.
 QUOTA_RESERVED = "QuotaReserved"
@@ -105,6 +110,7 @@ RECOVERED = "Recovered"
 
 FINISHED_SUCCEEDED = "Succeeded"
 FINISHED_FAILED = "Failed"
+FINISHED_FAILED_TO_START = "FailedToStart"  # the pod template cannot take the admission
 
 # ClusterQueue / LocalQueue / AdmissionCheck Active condition.
 CQ_ACTIVE = "Active"

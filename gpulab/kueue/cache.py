@@ -8,7 +8,9 @@ keeps ``Quotas``, ``SubtreeQuota`` and ``Usage``; ``available``, ``potentialAvai
 Cohorts: a ClusterQueue's ``cohortName`` and a Cohort's ``parentName``; a cohort named
 but not created exists implicitly with no quota of its own), snapshot.go
 (``AddWorkload``, ``RemoveWorkload``, ``SimulateWorkloadRemoval``), fair_sharing.go
-(``dominantResourceShare``) and clusterqueue.go ``inactiveReason``.
+(``dominantResourceShare``) and clusterqueue.go (``inactiveReason``; with
+waitForPodsReady.blockAdmission, ``WorkloadsNotReady``: a Workload is not ready from the
+moment it is assumed or added until its PodsReady condition is true).
 
 The cache keeps one live tree whose usage moves as Workloads are added and removed;
 a ``Snapshot`` is a copy of it whose usage the scheduler may change freely.
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 from gpulab.kueue import api
 from gpulab.kueue.api import FlavorResource, format_value
-from gpulab.kueue.model import ClusterQueue, Cohort, Flavor, Quota, WorkloadInfo
+from gpulab.kueue.model import ClusterQueue, Cohort, Flavor, Quota, WorkloadInfo, condition_true
 
 _NO_QUOTA = Quota(nominal=0)
 
@@ -351,7 +353,9 @@ class Cache:
     admission_checks: dict[str, AdmissionCheckInfo] = field(default_factory=dict)
     # Workloads holding quota (assumed or admitted), by namespace/name.
     workloads: dict[str, WorkloadInfo] = field(default_factory=dict)
-    # Admitted Workloads whose pods are not all ready yet (waitForPodsReady).
+    # podsReadyTracking (waitForPodsReady with blockAdmission): Workloads holding quota
+    # whose PodsReady condition is not true yet, assumed ones included.
+    pods_ready_tracking: bool = False
     not_ready: set[str] = field(default_factory=set)
     _cqs: dict[str, CQNode] = field(default_factory=dict)
     _cohorts: dict[str, CohortNode] = field(default_factory=dict)
@@ -404,6 +408,8 @@ class Cache:
             return False
         node.workloads[wl.key] = wl
         node.add_usage(wl.usage())
+        if self.pods_ready_tracking and not condition_true(wl.obj, api.PODS_READY):
+            self.not_ready.add(wl.key)
         return True
 
     def delete_workload(self, key: str) -> WorkloadInfo | None:

@@ -9,7 +9,16 @@ asks the preemption oracle (``SimulatePreemption``) whether a flavor that does n
 has preemption candidates at all, so a flavor with "no candidates" ranks below one
 where preemption is possible (``isPreferred``), and ``shouldTryNextFlavor`` (flavor
 fungibility, ``preference``). The borrowing level comes from
-classical.FindHeightOfLowestSubtreeThatFits. Messages use upstream's wording.
+classical.FindHeightOfLowestSubtreeThatFits. A ClusterQueue that covers ``pods``
+counts each pod set's pods against it. Every flavor tried is recorded as an attempt
+(flavor_assigner_attempts.go); when nothing fits, ``resolveNoFitReason`` turns the
+attempts into the granular QuotaReserved reason: within a resource group the least
+severe reason of its flavors (another flavor may still do), across groups the most
+severe, ``NoMatchingFlavor`` when no flavor was tried at all. Messages use upstream's
+wording.
+
+Lab difference: a pod set's resources are tried in the order its containers list them
+(upstream: Go map order), so the message and reason of a Workload are stable.
 
 Not here: topology-aware scheduling, partial admission (the webhooks reject
 ``minCount``), the concurrent-admission variants.
@@ -25,7 +34,7 @@ from typing import Any, Protocol
 from gpulab.kueue import api
 from gpulab.kueue.api import FlavorResource, format_value
 from gpulab.kueue.cache import CQNode
-from gpulab.kueue.model import Flavor, LastAssignment, PodSetSpec, WorkloadInfo
+from gpulab.kueue.model import ClusterQueue, Flavor, LastAssignment, PodSetSpec, WorkloadInfo
 
 
 class Mode(enum.IntEnum):
@@ -121,6 +130,15 @@ class FlavorAssignment:
     tried_idx: int = 0
 
 
+@dataclass(frozen=True)
+class FlavorAttempt:
+    """FlavorAssignmentAttempt: how one flavor did for a pod set (its worst resource)."""
+
+    flavor: str
+    mode: Mode
+    no_fit_reason: str = ""
+
+
 @dataclass
 class PodSetAssignment:
     name: str
@@ -128,7 +146,7 @@ class PodSetAssignment:
     requests: dict[str, int]
     flavors: dict[str, FlavorAssignment] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
-    no_fit_reason: str = ""
+    attempts: dict[str, FlavorAttempt] = field(default_factory=dict)  # by flavor
 
     def mode(self) -> Mode:
         if not self.reasons:
@@ -322,15 +340,56 @@ def fits_resource_quota(
 
 
 _SEVERITY = {
-    "": 0,
-    api.REASON_WAITING_FOR_QUOTA: 2,
+    api.REASON_WAITING_FOR_QUOTA: 2,  # TopologyPlacementFailed (1) needs TAS
     api.REASON_EXCEEDS_MAX_QUOTA: 3,
     api.REASON_NO_MATCHING_FLAVOR: 4,
 }
 
 
-def most_severe(reasons: Iterable[str]) -> str:
-    return max(reasons, key=lambda r: _SEVERITY.get(r, 0), default="")
+def most_severe(a: str, b: str) -> str:
+    """mostSevereReason."""
+    return a if _SEVERITY.get(a, 0) >= _SEVERITY.get(b, 0) else b
+
+
+def _merge_attempts(into: dict[str, FlavorAttempt], new: Iterable[FlavorAttempt]) -> None:
+    """mergeFlavorAttempts: per flavor, the worst mode and the most severe reason."""
+    for att in new:
+        old = into.get(att.flavor)
+        if old is not None:
+            att = FlavorAttempt(
+                att.flavor,
+                min(old.mode, att.mode),
+                most_severe(old.no_fit_reason, att.no_fit_reason),
+            )
+        into[att.flavor] = att
+
+
+def resolve_no_fit_reason(out: Assignment, cq: ClusterQueue) -> str:
+    """resolveNoFitReason: why a Workload that fits nowhere does not fit."""
+    if out.mode() != Mode.NO_FIT:
+        return ""
+    overall = ""
+    for ps in out.pod_sets:
+        if ps.mode() != Mode.NO_FIT:
+            continue
+        if not ps.attempts:
+            overall = most_severe(overall, api.REASON_NO_MATCHING_FLAVOR)
+            continue
+        per_group: dict[int, str] = {}
+        for i, att in enumerate(sorted(ps.attempts.values(), key=lambda a: a.flavor)):
+            if att.mode != Mode.NO_FIT:
+                continue
+            groups = [g for g, rg in enumerate(cq.resource_groups) if att.flavor in rg.flavors]
+            for g in groups or [-1 - i]:  # a flavor in no group stands alone
+                if g not in per_group or _SEVERITY.get(att.no_fit_reason, 0) < _SEVERITY.get(
+                    per_group[g], 0
+                ):
+                    per_group[g] = att.no_fit_reason
+        ps_reason = ""
+        for reason in per_group.values():
+            ps_reason = most_severe(ps_reason, reason)
+        overall = most_severe(overall, ps_reason)
+    return overall
 
 
 # -- the assigner ----------------------------------------------------------------------------
@@ -347,7 +406,7 @@ def _find_flavor(
     usage: Mapping[FlavorResource, int],
     oracle: Oracle,
     fair_sharing: bool,
-) -> tuple[dict[str, FlavorAssignment], _Status, list[str]]:
+) -> tuple[dict[str, FlavorAssignment], _Status, list[FlavorAttempt]]:
     """findFlavorForPodSets for the resource group covering ``resource``."""
     group = cq.spec.group_for(resource)
     status = _Status()
@@ -359,7 +418,7 @@ def _find_flavor(
     best: dict[str, FlavorAssignment] = {}
     best_mode = WORST
     attempted = -1
-    no_fit: list[str] = []
+    attempts: list[FlavorAttempt] = []
     start = wl.last_assignment.next_flavor(ps_index, resource) if wl.last_assignment else 0
     for idx in range(start, len(group.flavors)):
         attempted = idx
@@ -368,7 +427,7 @@ def _find_flavor(
         mismatch = f"flavor {name} not found" if flavor is None else flavor_mismatch(flavor, ps)
         if mismatch:
             status.reasons.append(mismatch)
-            no_fit.append(api.REASON_NO_MATCHING_FLAVOR)
+            attempts.append(FlavorAttempt(name, Mode.NO_FIT, api.REASON_NO_MATCHING_FLAVOR))
             continue
         assignments: dict[str, FlavorAssignment] = {}
         mode = BEST
@@ -380,15 +439,14 @@ def _find_flavor(
             )
             if s is not None:
                 status.reasons += s.reasons
-                flavor_no_fit = most_severe([flavor_no_fit, s.no_fit_reason])
+                flavor_no_fit = most_severe(flavor_no_fit, s.no_fit_reason)
             here = Granular(pmode, borrow)
             if is_preferred(mode, here, fung.preference):
                 mode = here
             if mode.pmode == PMode.NO_FIT:
-                break
+                continue  # the flavor is out, its other resources are still reported
             assignments[res] = FlavorAssignment(name, pmode.assignment_mode(), borrow)
-        if mode.pmode == PMode.NO_FIT:
-            no_fit.append(flavor_no_fit or api.REASON_WAITING_FOR_QUOTA)
+        attempts.append(FlavorAttempt(name, mode.pmode.assignment_mode(), flavor_no_fit))
         if not should_try_next_flavor(mode, fung.when_can_borrow, fung.when_can_preempt):
             best, best_mode = assignments, mode
             break
@@ -398,8 +456,8 @@ def _find_flavor(
     for fa in best.values():
         fa.tried_idx = tried
     if best_mode.pmode == PMode.FIT:
-        return best, _Status(no_fit_reason=""), no_fit
-    return best, status, no_fit
+        return best, _Status(no_fit_reason=""), attempts
+    return best, status, attempts
 
 
 def assign_flavors(
@@ -415,21 +473,22 @@ def assign_flavors(
     specs: Sequence[PodSetSpec] = wl.pod_sets
     for i, psr in enumerate(wl.total_requests):
         spec = specs[i] if i < len(specs) else PodSetSpec(psr.name, psr.count)
-        psa = PodSetAssignment(psr.name, psr.count, dict(psr.requests))
-        no_fit: list[str] = []
+        requests = dict(psr.requests)
+        if cq.spec.group_for(api.PODS) is not None:
+            requests[api.PODS] = psr.count
+        psa = PodSetAssignment(psr.name, psr.count, requests)
         failed = False
-        for resource, request in psr.requests.items():
+        for resource, request in requests.items():
             if resource in psa.flavors:
                 continue
             if cq.spec.group_for(resource) is None and request == 0:
                 continue
-            found, status, tried = _find_flavor(
-                wl, i, spec, cq, flavors, psr.requests, resource, out.usage, oracle, fair_sharing
+            found, status, attempts = _find_flavor(
+                wl, i, spec, cq, flavors, requests, resource, out.usage, oracle, fair_sharing
             )
-            no_fit += tried
-            if not found and psr.requests:
+            _merge_attempts(psa.attempts, attempts)
+            if not found:
                 psa.flavors, psa.reasons = {}, status.reasons or ["no flavor fits"]
-                psa.no_fit_reason = most_severe([*no_fit, status.no_fit_reason])
                 failed = True
                 break
             psa.flavors.update(found)
@@ -439,13 +498,8 @@ def assign_flavors(
         for res, fa in psa.flavors.items():
             out.borrowing = max(out.borrowing, fa.borrow)
             fr = FlavorResource(fa.name, res)
-            out.usage[fr] = out.usage.get(fr, 0) + psr.requests.get(res, 0)
+            out.usage[fr] = out.usage.get(fr, 0) + requests.get(res, 0)
         if failed:
             break
-    if out.mode() == Mode.NO_FIT:
-        out.no_fit_reason = most_severe(
-            ps.no_fit_reason or api.REASON_WAITING_FOR_QUOTA
-            for ps in out.pod_sets
-            if ps.mode() == Mode.NO_FIT
-        )
+    out.no_fit_reason = resolve_no_fit_reason(out, cq.spec)
     return out

@@ -5,12 +5,16 @@ label ``replica_role`` = "standalone" for a single replica): admission attempts,
 pending Workloads per ClusterQueue (active / inadmissible), quota reservations and
 admissions with their wait-time histograms (``generateExponentialBuckets``),
 evictions, preemptions, finished Workloads, active Workloads, ClusterQueue status,
-and, with ``metrics.enableClusterQueueResources``, the per-flavor resource gauges.
-Served on their own port (``--metrics-bind``; upstream :8443 behind auth, here plain
-HTTP for the lab).
+and, with ``metrics.enableClusterQueueResources``, the per-flavor resource gauges;
+with the UnadmittedWorkloadsObservability gate, ``kueue_unadmitted_workloads`` kept by
+``UnadmittedWorkloads`` (pkg/cache/queue/unadmitted_workloads.go; the LocalQueue
+variant needs LocalQueue metrics, which the lab does not serve). Served on their own
+port (``--metrics-bind``; upstream :8443 behind auth, here plain HTTP for the lab).
 """
 
 from __future__ import annotations
+
+from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -135,5 +139,57 @@ class Metrics:
             registry=r,
         )
 
+        self.unadmitted = Gauge(
+            "kueue_unadmitted_workloads",
+            "The number of unadmitted workloads, per 'cluster_queue', 'reason', and "
+            "'underlying_cause'. This metric is only emitted when "
+            "UnadmittedWorkloadsObservability feature gate is enabled.",
+            ["cluster_queue", "reason", "underlying_cause", "replica_role"],
+            registry=r,
+        )
+
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)
+
+
+# (cluster queue, Admitted reason, QuotaReserved reason) of one unadmitted Workload
+UnadmittedStatus = tuple[str, str, str]
+
+
+class UnadmittedWorkloads:
+    """unadmittedWorkloads: each unadmitted Workload's status and the count per
+    ClusterQueue, reason and underlying cause behind ``kueue_unadmitted_workloads``."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self._gauge = gauge
+        self._statuses: dict[str, UnadmittedStatus] = {}
+        self._counts: Tally[UnadmittedStatus] = Tally()
+
+    def update(self, key: str, status: UnadmittedStatus | None) -> None:
+        """Track the Workload's new status (None: admitted, finished or going)."""
+        old = self._statuses.pop(key, None)
+        if old == status:
+            if status is not None:
+                self._statuses[key] = status
+            return
+        if old is not None:
+            self._count(old, -1)
+        if status is not None:
+            self._statuses[key] = status
+            self._count(status, 1)
+
+    def remove(self, key: str) -> None:
+        self.update(key, None)
+
+    def _count(self, status: UnadmittedStatus, diff: int) -> None:
+        self._counts[status] += diff
+        count = self._counts[status]
+        if count <= 0:
+            del self._counts[status]
+        if not status[0]:
+            return  # no ClusterQueue to report it under
+        labels = (*status, ROLE)
+        if count <= 0:
+            self._gauge.remove(*labels)
+        else:
+            self._gauge.labels(*labels).set(count)

@@ -5,7 +5,9 @@ does the writing.
 Mirrors kubernetes-sigs/kueue v0.19.2 pkg/scheduler/scheduler.go ``schedule``:
 1. ``Heads`` (queue manager) and a cache ``Snapshot`` (the caller's);
 2. ``nominate``: a head whose ClusterQueue is inactive, missing or does not select its
-   namespace, or whose admission checks failed, is inadmissible; the others get a
+   namespace, whose admission checks failed, or whose resources fail
+   ``ValidateAdmissibility`` (a request above its limit, outside the namespace's
+   LimitRange: resources.py) is inadmissible; the others get a
    flavor assignment (``getAssignments`` → flavorassigner ``Assign``, and preemption
    targets from ``Preemptor.GetTargets`` when the assignment needs preemption);
 3. the iterator: classical (``makeClassicalIterator``: not borrowing first, then
@@ -22,7 +24,7 @@ Mirrors kubernetes-sigs/kueue v0.19.2 pkg/scheduler/scheduler.go ``schedule``:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +42,9 @@ from gpulab.kueue.flavorassigner import Assignment, Mode, assign_flavors
 from gpulab.kueue.model import LastAssignment, WorkloadInfo, selector_matches
 from gpulab.kueue.preemption import Oracle, Preemptor, Target
 from gpulab.kueue.queue import Head, RequeueReason
+from gpulab.kueue.resources import admissibility_error
+
+LimitRanges = Callable[[str], Sequence[Mapping[str, Any]]]
 
 
 class Status(enum.Enum):
@@ -111,6 +116,7 @@ def nominate(
     is_added: Callable[[str], bool],
     fair_sharing: bool,
     cycle: int,
+    limit_ranges: LimitRanges,
 ) -> tuple[list[Entry], list[Entry]]:
     entries: list[Entry] = []
     inadmissible: list[Entry] = []
@@ -137,6 +143,8 @@ def nominate(
             e.message = "workload namespace doesn't match ClusterQueue selector"
             e.reason = api.REASON_MISCONFIGURED
             e.requeue_reason = RequeueReason.NAMESPACE_MISMATCH
+        elif (problem := admissibility_error(wl.obj, limit_ranges(wl.namespace))) is not None:
+            e.message, e.reason = problem, api.REASON_MISCONFIGURED
         else:
             e.assignment, e.targets = get_assignments(wl, snapshot, preemptor, fair_sharing, cycle)
             e.message = e.assignment.message()
@@ -318,11 +326,12 @@ def schedule(
     is_added: Callable[[str], bool] = lambda _key: False,
     fair_sharing: bool = False,
     cycle: int = 0,
+    limit_ranges: LimitRanges = lambda _ns: (),
 ) -> list[Entry]:
     """Decide for the heads; ``snapshot`` ends up with the usage of what was admitted,
-    preempted for, or reserved."""
+    preempted for, or reserved. ``limit_ranges`` gives a namespace's LimitRanges."""
     entries, inadmissible = nominate(
-        heads, snapshot, preemptor, namespace_labels, is_added, fair_sharing, cycle
+        heads, snapshot, preemptor, namespace_labels, is_added, fair_sharing, cycle, limit_ranges
     )
     order: Iterator[Entry] | list[Entry] = (
         fair_sharing_order(entries) if fair_sharing else classical_order(entries)
@@ -335,5 +344,7 @@ def schedule(
 
 def pending_reason(e: Entry, granular: bool) -> str:
     """The QuotaReserved=False reason written for an entry not admitted
-    (UnadmittedWorkloadReasonWithFallback)."""
+    (UnadmittedWorkloadReasonWithFallback). Lab difference: a NoFit with no reason (a
+    pod set whose flavors fit for one resource, none covering the next) reads
+    ``Pending``; upstream writes an empty reason, which the API server rejects."""
     return (e.reason or api.PENDING) if granular else api.PENDING

@@ -40,6 +40,7 @@ DNS1123_SUBDOMAIN_MESSAGE = (
     "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
 )
 IMMUTABLE = "field is immutable"
+RESERVED_FOR_KUEUE = "the key is reserved for internal kueue use"
 
 
 def _fmt(value: Any) -> str:
@@ -323,10 +324,8 @@ def _containers_reserve_pods(ps: Obj, path: str) -> list[str]:
             for which in ("requests", "limits"):
                 values = _as_map(res.get(which))
                 p = f"{path}.template.spec.{kind}[{i}].resources.{which}"
-                if "pods" in values:
-                    errs.append(
-                        invalid(f"{p}[pods]", "pods", "the key is reserved for internal kueue use")
-                    )
+                if api.PODS in values:
+                    errs.append(invalid(f"{p}[{api.PODS}]", api.PODS, RESERVED_FOR_KUEUE))
                 for name, value in values.items():
                     q = _quantity(value)
                     if q is not None and q < 0:

@@ -6,8 +6,9 @@ Mirrors kubernetes-sigs/kueue v0.19.2 pkg/workload/workload.go (``SetQuotaReserv
 ``IsAdmissible``), pkg/workload/admissionchecks.go (``SyncAdmittedCondition``,
 ``HasAllChecksReady``, the check states a ClusterQueue requires for its flavors),
 pkg/workload/evict/evict.go (``SetEvictedCondition``), pkg/workload/finish,
-pkg/scheduler/preemption/preemption.go (``preemptionMessage``) and
-pkg/controller/jobframework/workload_names.go (``GetWorkloadNameForOwnerWithGVK``).
+pkg/scheduler/preemption/preemption.go (``preemptionMessage``),
+pkg/controller/jobframework/workload_names.go (``GetWorkloadNameForOwnerWithGVK``) and
+pkg/cache/queue/unadmitted_workloads.go (``getUnadmittedWorkloadStatus``).
 """
 
 from __future__ import annotations
@@ -261,6 +262,30 @@ def reset_checks_to_pending(wl: MutableMapping[str, Any], now: str) -> bool:
     if changed:
         wl["status"]["admissionChecks"] = admission_checks(wl)
     return changed
+
+
+def unadmitted_status(wl: Obj) -> tuple[str, str] | None:
+    """getUnadmittedWorkloadStatus: (the Admitted reason, the QuotaReserved reason) of a
+    Workload not admitted; None when it is admitted, finished or being deleted."""
+    if is_admitted(wl) or is_finished(wl) or (wl.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    admitted = condition(wl, api.ADMITTED)
+    reason = admitted.get("reason", "") if admitted else "NoReservation"
+    reserved = condition(wl, api.QUOTA_RESERVED)
+    if reserved is None:
+        cause = api.REASON_PENDING_EVALUATION
+    else:
+        cause = "" if reserved.get("status") == "True" else reserved.get("reason", "")
+    return reason, cause
+
+
+def owned_by_single_pod(wl: Obj) -> bool:
+    """OwnedBySinglePod: one owner, a Pod, and not a pod group's Workload."""
+    meta = wl.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    if len(refs) != 1 or (meta.get("annotations") or {}).get(api.IS_GROUP_WORKLOAD) == "true":
+        return False
+    return refs[0].get("kind") == "Pod" and refs[0].get("apiVersion") == "v1"
 
 
 def owner(wl: Obj) -> Mapping[str, Any] | None:

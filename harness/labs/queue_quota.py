@@ -8,6 +8,11 @@
     job-d  has no kueue.x-k8s.io/queue-name label: Kueue ignores it, it runs outside every
            quota of the namespace
 
+A suspended Job may also be relabelled to another LocalQueue (``kubectl label job ...
+kueue.x-k8s.io/queue-name=... --overwrite``): Kueue moves its Workload there
+(jobframework ``handleQueueNameChange``), and ``check`` counts the Job as fixed once that
+Workload is admitted, whichever queue admitted it.
+
 Everything lives in namespace ``lab-queue-quota``; the GPUs are gpu-q's (ResourceFlavor
 ``lab-gpu`` selects the node by its lab-pool label).
 """
@@ -42,16 +47,22 @@ SYMPTOMS = {
     "quota-changed": "job-c2 stays suspended although team-c's quota 'was just set'",
     "unqueued": "job-d runs at once, whatever the team's quota",
 }
+RELABEL = (
+    f"`kubectl -n {NS} label job {{job}} {kueue.QUEUE_LABEL}=<queue> --overwrite`: the "
+    "suspended Job's Workload follows its label to that LocalQueue"
+)
 FIXES = {
     "missing-flavor": f"create ResourceFlavor {MISSING_FLAVOR} (nodeLabels "
-    f"{POOL_LABEL}: {NAME}), or edit {CQ_A} to use the existing flavor {FLAVOR}",
+    f"{POOL_LABEL}: {NAME}), or edit {CQ_A} to use the existing flavor {FLAVOR}, or move "
+    f"job-a to a LocalQueue whose ClusterQueue works and has room: " + RELABEL.format(job="job-a"),
     "missing-clusterqueue": f"create ClusterQueue {CQ_B} (a LocalQueue's clusterQueue cannot "
-    f"change), e.g. flavor {FLAVOR} with nominalQuota 1 nvidia.com/gpu",
+    f"change), e.g. flavor {FLAVOR} with nominalQuota 1 nvidia.com/gpu, or move job-b to a "
+    "LocalQueue whose ClusterQueue works and has room: " + RELABEL.format(job="job-b"),
     "quota-changed": f"raise {CQ_C}'s nominalQuota back to 4 (`kubectl patch clusterqueue "
     f'{CQ_C} --type json -p \'[{{"op":"replace","path":"/spec/resourceGroups/0/flavors'
     '/0/resources/0/nominalQuota","value":4}]\'`), or let job-c1 finish',
     "unqueued": f"delete job-d and create it again with label {kueue.QUEUE_LABEL}=team-a "
-    "(Kueue suspends a Job only at creation)",
+    "(Kueue suspends a Job only at creation; a running Job's queue-name cannot change)",
 }
 
 

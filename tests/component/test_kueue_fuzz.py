@@ -6,6 +6,11 @@ Every answer must be 400 or 413 with a message, or a well-formed protocol answer
 a 5xx, never a dropped connection; a review that parses is answered in the protocol
 (``allowed: false`` with a status, ``result.status: Failure`` with a message). Both the
 accept and the reject paths must have run, and the server must still work afterwards.
+
+A refusal must come from a check, not from an exception: the webhook turns any
+exception into a 400 ("could not answer: ...") and an exception inside a review into
+"malformed object: <type>: ..."; such answers are counted and must not occur, so a
+validator bug cannot pass for a refusal.
 """
 
 from __future__ import annotations
@@ -213,6 +218,7 @@ def test_hostile_bodies_never_crash_a_webhook(client: httpx.Client, path: str) -
     raws = raw_bodies(rng, seed)
     statuses: Counter[int] = Counter()
     outcomes: Counter[str] = Counter()
+    bugs: list[str] = []  # answers an exception wrote
     dropped = 0
     for i in range(ROUNDS):
         if i % 200 == 7:
@@ -233,6 +239,8 @@ def test_hostile_bodies_never_crash_a_webhook(client: httpx.Client, path: str) -
             assert content is OVERSIZED
         elif resp.status_code == 400:
             assert isinstance(body.get("error"), str) and body["error"]
+            if body["error"].startswith("could not answer"):
+                bugs.append(body["error"])
         else:
             assert in_protocol(path, body), json.dumps(body)[:500]
             response = body["response"]
@@ -241,6 +249,14 @@ def test_hostile_bodies_never_crash_a_webhook(client: httpx.Client, path: str) -
                 or (response.get("result") or {}).get("status") == "Success"
             )
             outcomes["accepted" if ok else "refused"] += 1
+            message = str(
+                (response.get("status") or {}).get("message")
+                or (response.get("result") or {}).get("message")
+                or ""
+            )
+            if message.startswith("malformed object:") or "KeyError" in message:
+                bugs.append(message)
+    assert not bugs, f"{len(bugs)} answers from an exception, e.g. {bugs[:3]}"
     assert dropped == 0
     assert statuses[413] == ROUNDS // 200
     assert outcomes["accepted"] > 0 and outcomes["refused"] + statuses[400] > 0

@@ -454,6 +454,62 @@ def test_a_statefulset_is_one_pod_group_admitted_when_quota_grows(cluster, names
     )
 
 
+def test_a_running_job_raised_above_its_admission_is_stopped_and_queued_again(
+    cluster, namespace
+) -> None:
+    """ensureOneWorkload against the real API server: the admitted Job's pod carries the
+    podset and queue labels; raising parallelism on the running Job stops it, restores
+    its template (the API server allows it once the Job is suspended without a startTime
+    and its pods are gone), deletes the old Workload and queues a new one for 3 pods,
+    which a 2-GPU queue can never hold."""
+    api = cluster.api
+    cq = setup_queue(api, namespace, 2)
+    batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+    grow = demo.queued_job("grow", "user-queue", 1, 600)
+    grow.spec.completions = 3  # one pod at a time: the pod count is parallelism capped by this
+    batch.create_namespaced_job(namespace, grow)
+    first = wait_for(
+        lambda: (
+            (w := demo.workload_of(api, namespace, "grow")) and demo.reason(w, "Admitted") and w
+        ),
+        60,
+        "grow to be admitted",
+    )
+    pod = wait_for(
+        lambda: next(
+            iter(core.list_namespaced_pod(namespace, label_selector="job-name=grow").items), None
+        ),
+        60,
+        "grow's pod",
+    )
+    labels = pod.metadata.labels
+    assert (labels[kueue.PODSET_LABEL], labels[kueue.LOCAL_QUEUE_LABEL]) == ("main", "user-queue")
+    assert labels[kueue.CLUSTER_QUEUE_LABEL] == cq
+    batch.patch_namespaced_job("grow", namespace, {"spec": {"parallelism": 3}})
+    second = wait_for(
+        lambda: (
+            (w := demo.workload_of(api, namespace, "grow"))
+            and w["metadata"]["uid"] != first["metadata"]["uid"]
+            and demo.reason(w, kueue.QUOTA_RESERVED, "False")
+            and w
+        ),
+        60,
+        "a new Workload for 3 pods to be evaluated",
+    )
+    assert second["spec"]["podSets"][0]["count"] == 3
+    cond = condition(second, kueue.QUOTA_RESERVED)
+    assert cond["reason"] == kueue.REASON_EXCEEDS_MAX_QUOTA, cond
+    job = batch.read_namespaced_job("grow", namespace)
+    assert job.spec.suspend is True
+    assert kueue.PODSET_LABEL not in (job.spec.template.metadata.labels or {})
+    assert not job.spec.template.spec.node_selector
+    wait_for(
+        lambda: demo.gpu_usage(demo.get(api, "ClusterQueue", cq)) == 0,
+        30,
+        "the old Workload's quota to be released",
+    )
+
+
 def test_kubectl_shows_the_release_printer_columns(cluster, namespace) -> None:
     cq = setup_queue(cluster.api, namespace, 4)
     submit(cluster.api, namespace, ["one"], seconds=600)
@@ -534,6 +590,15 @@ def test_metrics_are_scraped_with_the_release_names(cluster, namespace) -> None:
         sample("kueue_admission_wait_time_seconds_bucket", cluster_queue=cq, le="+Inf", **role) == 2
     )
     assert (sample("kueue_admission_attempts_total", result="success", **role) or 0) >= 1
+    unadmitted = {"reason": "NoReservation", "underlying_cause": kueue.REASON_WAITING_FOR_QUOTA}
+    assert (
+        wait_for(
+            lambda: sample("kueue_unadmitted_workloads", cluster_queue=cq, **unadmitted, **role),
+            30,
+            "the unadmitted Workload counted",
+        )
+        == 1
+    )
 
 
 @pytest.fixture

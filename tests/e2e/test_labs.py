@@ -18,6 +18,7 @@ from conftest import Cluster, running_cluster
 from kubernetes import client, watch
 from labs_helpers import first_broken, progress, run_lab
 
+from gpulab.kueue.api import QUEUE_LABEL
 from gpulab.wait import wait_for
 from harness.labs import HAMI_IGNORE, POOL_LABEL, load
 
@@ -139,18 +140,28 @@ def test_lab_gang_deadlock_holds_without_the_fix(labs: Cluster) -> None:
         lab.stop(labs.backend, progress)
 
 
-def test_lab_queue_quota(labs: Cluster) -> None:
+@pytest.mark.parametrize("fix_b", ["create-clusterqueue", "relabel"])
+def test_lab_queue_quota(labs: Cluster, fix_b: str) -> None:
+    """Either fix of job-b is accepted: create the missing ClusterQueue, or relabel the
+    suspended Job to a LocalQueue that works (its Workload follows the label)."""
     from harness.labs import queue_quota as q
 
     def fix(api: client.ApiClient) -> None:
         custom = client.CustomObjectsApi(api)
-        missing = q.flavor(q.MISSING_FLAVOR)
-        custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "resourceflavors", missing)
-        cq_b = q.cluster_queue(q.CQ_B, q.FLAVOR, 1)
-        custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", cq_b)
-        custom.patch_cluster_custom_object(
-            "kueue.x-k8s.io", "v1beta2", "clusterqueues", q.CQ_C, q._quota_patch(4)
-        )
+        kueue_api = ("kueue.x-k8s.io", "v1beta2", "clusterqueues")
+        if fix_b == "relabel":
+            # lab-cq-a on the existing flavor, with room for job-a, job-b and job-d
+            custom.patch_cluster_custom_object(*kueue_api, q.CQ_A, q._quota_patch(3))
+            kubectl(
+                labs, "-n", q.NS, "label", "job", "job-b", f"{QUEUE_LABEL}=team-a", "--overwrite"
+            )
+        else:
+            missing = q.flavor(q.MISSING_FLAVOR)
+            custom.create_cluster_custom_object(
+                "kueue.x-k8s.io", "v1beta2", "resourceflavors", missing
+            )
+            custom.create_cluster_custom_object(*kueue_api, q.cluster_queue(q.CQ_B, q.FLAVOR, 1))
+        custom.patch_cluster_custom_object(*kueue_api, q.CQ_C, q._quota_patch(4))
         batch = client.BatchV1Api(api)
         batch.delete_namespaced_job("job-d", q.NS, propagation_policy="Foreground")
         wait_for(

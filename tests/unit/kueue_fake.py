@@ -1,7 +1,8 @@
 """An in-memory API server for the Kueue controller tests: it stores objects with
 resourceVersions (409 on a stale write), enforces the pod-template rules the real API
 server applies to Jobs and Pods (422), and delivers every change to the manager as its
-informers would, synchronously."""
+informers would: synchronously, or held back until released (``hold``/``release``), as
+a watch delivers an event some time after the write."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from gpulab.informer import JOBS, PODS, Resource, key_of
 from gpulab.kueue.config import Configuration
+from gpulab.kueue.controllers.client import RESOURCE_CLAIM_TEMPLATES
 from gpulab.kueue.controllers.manager import WATCHED, Manager
 from gpulab.trace import Tracer
 
@@ -50,11 +52,18 @@ def _without(template: Obj, spec_keys: tuple[str, ...]) -> Obj:
 
 def check_job_update(old: Obj, new: Obj) -> None:
     """ValidateJobUpdate: the pod template is immutable, except the scheduling
-    directives, labels and annotations of a suspended Job that never started."""
+    directives, labels and annotations of a suspended Job without a startTime (or with
+    its Suspended condition) and without active pods (v1.36,
+    MutableSchedulingDirectivesForSuspendedJobs)."""
     a, b = old["spec"].get("template"), new["spec"].get("template")
     if a == b:
         return
-    mutable = old["spec"].get("suspend") and not (old.get("status") or {}).get("startTime")
+    status = old.get("status") or {}
+    stopped = not status.get("startTime") or any(
+        c.get("type") == "Suspended" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    mutable = old["spec"].get("suspend") and stopped and not status.get("active")
     if not mutable or _without(a, _SCHEDULING) != _without(b, _SCHEDULING):
         raise _unprocessable("spec.template: Invalid value: field is immutable")
 
@@ -82,7 +91,11 @@ class FakeKube:
     """What the manager calls on KubeClient."""
 
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Obj]] = {r.plural: {} for r, _ in WATCHED}
+        # what the manager watches, and what it only reads
+        self.objects: dict[str, dict[str, Obj]] = {
+            r.plural: {} for r in [*(r for r, _ in WATCHED), RESOURCE_CLAIM_TEMPLATES]
+        }
+        self.held: list[tuple[Resource, str, Obj]] | None = None  # events not delivered yet
         self._rv = itertools.count(1)
         self._uid = itertools.count(1)
         self.manager: Manager | None = None
@@ -94,8 +107,20 @@ class FakeKube:
 
     # -- delivery ---------------------------------------------------------------------------
 
+    def hold(self) -> None:
+        """From now on keep the watch events until ``release``."""
+        self.held = []
+
+    def release(self) -> None:
+        held, self.held = self.held or [], None
+        for res, type_, obj in held:
+            self._deliver(res, type_, obj)
+
     def _deliver(self, res: Resource, type_: str, obj: Obj) -> None:
-        if self.manager is None:
+        if self.manager is None or res.plural not in self.manager.stores:
+            return
+        if self.held is not None:
+            self.held.append((res, type_, copy.deepcopy(obj)))
             return
         store = self.manager.store(res)
         old = store.apply(type_, copy.deepcopy(obj))

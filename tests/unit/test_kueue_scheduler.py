@@ -10,7 +10,7 @@ import pytest
 from gpulab.kueue import api
 from gpulab.kueue.api import FlavorResource
 from gpulab.kueue.cache import Cache, dominant_resource_share
-from gpulab.kueue.flavorassigner import Mode
+from gpulab.kueue.flavorassigner import Assignment, FlavorAssignment, Mode, PodSetAssignment
 from gpulab.kueue.model import (
     ClusterQueue,
     Cohort,
@@ -24,7 +24,7 @@ from gpulab.kueue.model import (
     WorkloadInfo,
 )
 from gpulab.kueue.preemption import Preemptor
-from gpulab.kueue.queue import Head
+from gpulab.kueue.queue import Head, RequeueReason
 from gpulab.kueue.scheduler import Entry, Status, schedule
 
 GPU = "nvidia.com/gpu"
@@ -49,8 +49,7 @@ def cq(
         resource_groups=(ResourceGroup((resource,), tuple(quotas)),),
         quotas=q,
         cohort=cohort,
-        namespace_selector={},
-        **kw,
+        **{"namespace_selector": {}, **kw},
     )
 
 
@@ -307,6 +306,19 @@ def test_inactive_and_mismatched_queues_are_inadmissible() -> None:
     cache.add_or_update_cluster_queue(queue)
     e = run(cache, pending("w", "a", 1))["w"]
     assert (e.reason, e.message) == (api.REASON_SUSPENDED, "ClusterQueue a is inactive")
+    assert e.requeue_reason is RequeueReason.GENERIC
+
+    selective = cq("b", {"a100": 4}, namespace_selector={"matchLabels": {"team": "b"}})
+    e = run(make_cache([selective]), pending("w", "b", 1))["w"]
+    assert (e.reason, e.message) == (
+        api.REASON_MISCONFIGURED,
+        "workload namespace doesn't match ClusterQueue selector",
+    )
+    assert e.requeue_reason is RequeueReason.NAMESPACE_MISMATCH
+    assert e.assignment is None and e.admission is None
+
+    e = run(make_cache([selective]), pending("w", "gone", 1))["w"]
+    assert (e.reason, e.message) == (api.REASON_MISCONFIGURED, "ClusterQueue gone not found")
 
 
 # -- hierarchical cohorts with quota at the cohort level -----------------------------------
@@ -349,7 +361,10 @@ def test_fair_sharing_admits_the_queue_with_the_lower_share_first() -> None:
     assert entries["a-2"].admission is None
 
 
-def test_fair_sharing_preemption_takes_from_the_highest_share() -> None:
+def test_fair_sharing_preemptor_within_nominal_takes_back_only_what_it_needs() -> None:
+    """FairSharingPreemptWithinNominal: a preemptor within its nominal quota reclaims
+    without the strategies (InCohortReclamation); the strategies and the ordering by
+    share are test_fair_sharing_preemption_as_upstream's."""
     fair = Preemption(reclaim_within_cohort=api.ANY)
     queues = [cq("a", {"gpu": 4}, cohort="t", preemption=fair), cq("b", {"gpu": 4}, cohort="t")]
     running = [admitted(f"b-{i}", "b", "gpu", 2, at=NOW - i) for i in range(4)]
@@ -359,3 +374,173 @@ def test_fair_sharing_preemption_takes_from_the_highest_share() -> None:
     e = run(cache, pending("a-4", "a", 4), fair=True)["a-4"]
     assert len(e.targets) == 2  # 4 GPUs back, no more
     assert {t.reason for t in e.targets} == {api.IN_COHORT_RECLAMATION}
+
+
+# -- why a Workload fits nowhere (resolveNoFitReason) -------------------------------------
+
+
+def test_a_resource_the_cluster_queue_does_not_cover_is_no_matching_flavor() -> None:
+    """No flavor was tried: NoMatchingFlavor, not WaitingForQuota (no quota will come)."""
+    typo = WorkloadInfo(
+        namespace="ns",
+        name="w",
+        uid="w",
+        queue_name="lq",
+        total_requests=(PodSetResources("main", 1, {"nvidia.com/gpus": 1}),),
+        pod_sets=(PodSetSpec("main", 1),),
+        cluster_queue="a",
+    )
+    e = run(make_cache([cq("a", {"a100": 4})]), typo)["w"]
+    assert e.assignment is not None and e.assignment.mode() == Mode.NO_FIT
+    assert (e.reason, e.message) == (
+        api.REASON_NO_MATCHING_FLAVOR,
+        "couldn't assign flavors to pod set main: resource nvidia.com/gpus unavailable in "
+        "ClusterQueue",
+    )
+
+
+def test_the_least_severe_flavor_of_a_resource_group_names_the_reason() -> None:
+    """a100 can never hold 4 GPUs (ExceedsMaxQuota) but h100 can once the lender's
+    Workload ends (WaitingForQuota): the learner is told to wait, as upstream does."""
+    queues = [
+        cq("a", {"a100": 2, "h100": 2}, cohort="t"),
+        cq("b", {"a100": 0, "h100": 6}, cohort="t"),
+    ]
+    cache = make_cache(queues, [admitted("b-6", "b", "h100", 6)])
+    e = run(cache, pending("w", "a", 4))["w"]
+    assert e.assignment is not None and e.assignment.mode() == Mode.NO_FIT
+    assert e.reason == api.REASON_WAITING_FOR_QUOTA
+    assert "insufficient quota for nvidia.com/gpu in flavor a100" in e.message
+    assert "insufficient unused quota for nvidia.com/gpu in flavor h100, 2 more needed" in e.message
+
+
+# -- a ClusterQueue covering pods (flavorassigner.go assignFlavors) -------------------------
+
+
+def test_a_cluster_queue_covering_pods_counts_them() -> None:
+    pods = ClusterQueue(
+        name="a",
+        resource_groups=(ResourceGroup((GPU, api.PODS), ("a100",)),),
+        quotas={FlavorResource("a100", GPU): Quota(8), FlavorResource("a100", api.PODS): Quota(3)},
+        namespace_selector={},
+    )
+    two = admitted("two-pods", "a", "a100", 2)
+    two.total_requests = (
+        PodSetResources("main", 2, {GPU: 2, api.PODS: 2}, {GPU: "a100", api.PODS: "a100"}),
+    )
+    cache = make_cache([pods], [two])
+
+    def pods_of(name: str, count: int) -> WorkloadInfo:
+        wl = pending(name, "a", count)
+        wl.total_requests = (PodSetResources("main", count, {GPU: count}),)
+        wl.pod_sets = (PodSetSpec("main", count),)
+        return wl
+
+    e = run(cache, pods_of("more", 2))["more"]
+    assert e.admission is None
+    assert e.message == (
+        "couldn't assign flavors to pod set main: insufficient unused quota for pods in "
+        "flavor a100, 1 more needed"
+    )
+    e = run(cache, pods_of("one", 1))["one"]
+    assert e.admission is not None
+    assert e.admission["podSetAssignments"][0]["resourceUsage"] == {GPU: "1", api.PODS: "1"}
+
+
+# -- fair sharing preemption: strategies and ordering (preemption_fair_test.go) -------------
+
+
+def cpu_admitted(name: str, queue: str, millis: int, priority: int = 0) -> WorkloadInfo:
+    wl = admitted(name, queue, "default", 0, priority)
+    wl.total_requests = (PodSetResources("main", 1, {"cpu": millis}, {"cpu": "default"}),)
+    return wl
+
+
+FAIR_CASES = {
+    # upstream case name: (admitted (name, queue, millicores, priority), incoming
+    # (queue, millicores), strategies, expected {victim: reason})
+    "reclaim borrowable quota from user using the most": (
+        [(f"a{i}", "a", 1000, 0) for i in (1, 2, 3)]
+        + [(f"b{i}", "b", 1000, 0) for i in (1, 2, 3, 4, 5)]
+        + [("c1", "c", 1000, 0)],
+        ("a", 1000),
+        (),
+        {"b1": api.IN_COHORT_FAIR_SHARING},
+    ),
+    "can't preempt when it would switch the imbalance": (
+        [(f"a{i}", "a", 1000, 0) for i in (1, 2, 3)]
+        + [(f"b{i}", "b", 1000, 0) for i in (1, 2, 3, 4, 5)],
+        ("a", 2000),
+        (),
+        {},
+    ),
+    "preempt lower priority first, even if big": (
+        [("a1", "a", 3000, 0), ("b_low", "b", 5000, 0), ("b_high", "b", 1000, 1)],
+        ("a", 1000),
+        ("LessThanInitialShare",),
+        {"b_low": api.IN_COHORT_FAIR_SHARING},
+    ),
+    "preempt workload that doesn't transfer the imbalance, even if high priority": (
+        [("a1", "a", 3000, 0), ("b_low", "b", 5000, 0), ("b_high", "b", 1000, 1)],
+        ("a", 1000),
+        ("LessThanOrEqualToFinalShare",),
+        {"b_high": api.IN_COHORT_FAIR_SHARING},
+    ),
+    "prefer to preempt workloads that don't make the target CQ have the biggest share": (
+        [("b1", "b", 2000, 0), ("b2", "b", 1000, 0), ("b3", "b", 2000, 0), ("c1", "c", 1000, 0)],
+        ("a", 3500),
+        (),
+        {"b2": api.IN_COHORT_FAIR_SHARING},
+    ),
+    "preempt from different cluster queues if the end result has a smaller max share": (
+        [("b1", "b", 2000, 0), ("b2", "b", 2500, 0), ("c1", "c", 2000, 0), ("c2", "c", 2500, 0)],
+        ("a", 3500),
+        (),
+        {"b1": api.IN_COHORT_FAIR_SHARING, "c1": api.IN_COHORT_FAIR_SHARING},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FAIR_CASES))
+def test_fair_sharing_preemption_as_upstream(case: str) -> None:
+    """Cases of upstream's TestFairPreemptions: queues a, b, c (3 CPUs each, reclaim Any,
+    borrowWithinCohort LowerPriority below -3) and "preemptible" (0) in one cohort; the
+    preemptor borrows, so the strategies decide and the borrowing queues are tried in
+    order of share. The snapshot is unchanged afterwards."""
+    running, (queue, millis), strategies, want = FAIR_CASES[case]
+    policy = Preemption(api.LOWER_PRIORITY, api.ANY, api.LOWER_PRIORITY, -3)
+    queues = [
+        cq(name, {"default": 3000}, cohort="all", resource="cpu", preemption=policy)
+        for name in ("a", "b", "c")
+    ]
+    queues.append(cq("preemptible", {"default": 0}, cohort="all", resource="cpu"))
+    cache = make_cache(queues, [cpu_admitted(*r) for r in running])
+    snapshot = cache.snapshot()
+
+    def usage() -> dict[str, dict[FlavorResource, int]]:
+        return {
+            n: {k: v for k, v in q.usage.items() if v} for n, q in snapshot.cluster_queues.items()
+        }
+
+    before = usage()
+    incoming = pending("incoming", queue, 0)
+    incoming.total_requests = (PodSetResources("main", 1, {"cpu": millis}),)
+    fr = FlavorResource("default", "cpu")
+    assignment = Assignment(
+        pod_sets=[
+            PodSetAssignment(
+                "main",
+                1,
+                {"cpu": millis},
+                {"cpu": FlavorAssignment("default", Mode.PREEMPT)},
+                ["preempt"],
+            )
+        ],
+        usage={fr: millis},
+    )
+    preemptor = Preemptor(fair_sharing=True, clock=lambda: NOW)
+    if strategies:
+        preemptor.strategies = strategies
+    targets = preemptor.get_targets(incoming, assignment, snapshot)
+    assert {t.workload.name: t.reason for t in targets} == want
+    assert usage() == before

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from kueue_fake import merge
 
 from gpulab.kueue import api, jobs, model
 from gpulab.kueue import workload as wlutil
@@ -199,8 +200,13 @@ def test_requeue_state_backs_off_exponentially() -> None:
     assert wl["status"]["requeueState"]["requeueAt"] == "1970-01-01T00:02:00Z"
 
 
-def test_admission_injects_flavor_labels_and_restore_undoes_it() -> None:
+def test_admission_injects_flavor_podset_and_queue_labels_and_restore_undoes_it() -> None:
+    """getPodSetsInfoFromStatus: the flavor's node labels and tolerations, the labels
+    kueue.x-k8s.io/podset and (AssignQueueLabelsForPods) the queue names; stopping the
+    Job puts its template back as the Workload recorded it, the Job controller's
+    labels kept."""
     j = job()
+    j["spec"]["template"]["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "sample"
     wl = reserve(job_workload(j))
     spot = model.Flavor(
         "spot",
@@ -208,12 +214,61 @@ def test_admission_injects_flavor_labels_and_restore_undoes_it() -> None:
         tolerations=({"key": "spot", "operator": "Exists", "effect": "NoSchedule"},),
     )
     patch = jobs.job_start_patch(j, wl, {"spot": spot})
-    spec = patch["spec"]["template"]["spec"]
+    template = patch["spec"]["template"]
     assert patch["spec"]["suspend"] is False
-    assert spec["nodeSelector"] == {"zone": "a", "instance-type": "spot"}
-    assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
-    restore = jobs.job_restore_patch(wl)["spec"]["template"]["spec"]
-    assert restore == {"nodeSelector": {"zone": "a"}, "tolerations": None}
+    assert template["spec"]["nodeSelector"] == {"zone": "a", "instance-type": "spot"}
+    assert template["spec"]["tolerations"] == [
+        {"key": "spot", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert template["metadata"]["labels"] == {
+        "batch.kubernetes.io/controller-uid": "uid-1",
+        "batch.kubernetes.io/job-name": "sample",
+        "app": "x",
+        api.PODSET_LABEL: "main",
+        api.LOCAL_QUEUE_LABEL: "user-queue",
+        api.CLUSTER_QUEUE_LABEL: "cq",
+    }
+    started = copy.deepcopy(j)
+    merge(started, patch)
+    restored = copy.deepcopy(started)
+    merge(restored, jobs.job_restore_patch(started, wl) or {})
+    assert restored["spec"]["template"] == {**j["spec"]["template"]}
+    assert jobs.job_restore_patch(restored, wl) is None  # nothing left to undo
+
+
+def test_admission_check_pod_set_updates_reach_the_template_and_conflicts_refuse() -> None:
+    """podSetUpdates of an admission check are merged in; a key the template already has
+    with another value is a permanent error (the Workload finishes FailedToStart)."""
+    j = job()
+    wl = reserve(job_workload(j))
+    wl["status"]["admissionChecks"] = [
+        {
+            "name": "prov",
+            "state": api.CHECK_READY,
+            "podSetUpdates": [
+                {"name": "main", "labels": {"team": "ml"}, "annotations": {"note": "x"}}
+            ],
+        }
+    ]
+    template = jobs.job_start_patch(j, wl, {})["spec"]["template"]
+    assert template["metadata"]["labels"]["team"] == "ml"
+    assert template["metadata"]["annotations"] == {"note": "x"}
+    wl["status"]["admissionChecks"][0]["podSetUpdates"][0]["nodeSelector"] = {"zone": "b"}
+    with pytest.raises(jobs.PodSetUpdateError) as err:
+        jobs.job_start_patch(j, wl, {})
+    assert str(err.value) == (
+        "invalid admission check PodSetUpdate: conflict for nodeSelector: "
+        "conflict for key=zone, value1=a, value2=b"
+    )
+    spot = model.Flavor("spot", node_labels={"zone": "c"})
+    del wl["status"]["admissionChecks"][0]["podSetUpdates"][0]["nodeSelector"]
+    wl["status"]["admissionChecks"][0]["podSetUpdates"][0]["labels"] = {api.PODSET_LABEL: "x"}
+    with pytest.raises(jobs.PodSetUpdateError) as err:
+        jobs.job_start_patch(j, wl, {"spot": spot})
+    assert str(err.value) == (
+        'in admission check "prov": invalid admission check PodSetUpdate: conflict for '
+        f"labels: conflict for key={api.PODSET_LABEL}, value1=main, value2=x"
+    )
 
 
 def test_pod_ungate_removes_only_the_admission_gate() -> None:

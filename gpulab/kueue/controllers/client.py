@@ -37,6 +37,10 @@ WORKLOAD_PRIORITY_CLASSES = _kueue(api.WORKLOAD_PRIORITY_CLASS)
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
 STATEFULSETS = Resource("apps", "v1", "statefulsets", "StatefulSet")
+LIMIT_RANGES = Resource("", "v1", "limitranges", "LimitRange")
+RESOURCE_CLAIM_TEMPLATES = Resource(
+    "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate"
+)
 
 
 def is_conflict(exc: ApiException) -> bool:

@@ -2,16 +2,31 @@
 only while its Workload is admitted.
 
 Mirrors kubernetes-sigs/kueue v0.19.2 pkg/controller/jobframework/reconciler.go
-``ReconcileGenericJob``, in its order: a finished job finishes its Workload; a job
-without a Workload gets one (``handleJobWithNoWorkload``, owned by the job, suspended
-if it was not); with waitForPodsReady the PodsReady condition follows the pods
+``ReconcileGenericJob``, in its order: ``ensureOneWorkload`` compares a Job with its
+Workload on every reconcile (``EquivalentToWorkload``: pod count, containers) and, when
+they differ, rewrites the Workload of a suspended Job that holds no quota
+(``updateWorkloadToMatchJob``) or else stops a running Job and deletes the Workload,
+so a new one is created and queued (raising ``parallelism`` on a running Job cannot
+escape quota); a finished job finishes its Workload; a job without a Workload gets one
+(``handleJobWithNoWorkload``, owned by the job, suspended if it was not); with
+waitForPodsReady the PodsReady condition follows the pods
 (``generatePodsReadyCondition``); an evicted Workload's job is stopped (``stopJob``)
-and, once nothing runs, the quota reservation is released and Requeued set; a
-suspended job whose Workload is admitted is started (``startJob``: unsuspend, or
-remove the pods' scheduling gate, with the flavors' node labels); a running job
-without admission is stopped. Plain pods and pod groups follow
-pkg/controller/jobs/pod/pod_controller.go (the ``kueue.x-k8s.io/managed`` finalizer is
-removed once a pod ended or is deleted and its Workload finished).
+and, once nothing runs, the quota reservation is released and Requeued set (False for
+a single pod's Workload: SkipReassignmentForPodOwnedWorkloads); a suspended job whose
+Workload is admitted is started (``startJob``: unsuspend, or remove the pods'
+scheduling gate, with the flavors' node labels, the podset and queue labels and the
+admission checks' podSetUpdates; a template that conflicts finishes the Workload
+``FailedToStart``); a suspended job relabelled to another LocalQueue moves its
+Workload there (``handleQueueNameChange``); a running job without admission is
+stopped. Plain pods and pod groups follow pkg/controller/jobs/pod/pod_controller.go
+(the ``kueue.x-k8s.io/managed`` finalizer is removed once a pod ended or is deleted
+and its Workload finished).
+
+Lab differences: the equivalence check covers batch/v1 Jobs (a Pod's spec cannot
+change; a pod group is one pod set); a Job stopped because it no longer matches keeps
+its Workload, and so its quota, until its pods are gone and its template is restored
+(upstream deletes the Workload at once, and a v1.36 API server refuses the restore while
+pods are active).
 """
 
 from __future__ import annotations
@@ -27,7 +42,7 @@ from gpulab.informer import JOBS, PODS
 from gpulab.kueue import api
 from gpulab.kueue import jobs as jobsutil
 from gpulab.kueue import workload as wlutil
-from gpulab.kueue.controllers.client import WORKLOADS, is_conflict
+from gpulab.kueue.controllers.client import WORKLOADS, is_conflict, is_not_found
 from gpulab.kueue.model import condition
 from gpulab.trace import ObjectRef
 
@@ -68,8 +83,7 @@ class JobReconciler:
 
     # -- the steps every integration shares ------------------------------------------------
 
-    def _finish(self, wl: Obj, succeeded: bool, message: str) -> None:
-        reason = api.FINISHED_SUCCEEDED if succeeded else api.FINISHED_FAILED
+    def _finish(self, wl: Obj, reason: str, message: str) -> None:
         text = message or f"Job {reason.lower()}"
         now = wlutil.now_rfc3339()
         written = self._update(
@@ -84,16 +98,23 @@ class JobReconciler:
             self.m.metrics.finished.labels(admission["clusterQueue"], pc, "standalone").inc()
         self.m.tracer.step("FinishWorkload", ObjectRef.of(written), f"{reason}: {text}")
 
-    def _create_workload(
+    def _new_workload(
         self, ref: jobsutil.Ref, owners: Sequence[Obj], pod_sets: list[Obj]
-    ) -> None:
+    ) -> dict[str, Any]:
+        """constructWorkload with its priority (prepareWorkload)."""
         first = owners[0]
         pod_spec = (pod_sets[0].get("template") or {}).get("spec") or {}
         wpcs, pcs = self.m.priority_values()
         priority, pref = jobsutil.priority_of(first, pod_spec, wpcs, pcs)
-        body = jobsutil.new_workload(
+        return jobsutil.new_workload(
             ref, owners, jobsutil.queue_name(first), pod_sets, priority, pref
         )
+
+    def _create_workload(
+        self, ref: jobsutil.Ref, owners: Sequence[Obj], pod_sets: list[Obj]
+    ) -> None:
+        body = self._new_workload(ref, owners, pod_sets)
+        first = owners[0]
         try:
             created = self.m.kube.create(WORKLOADS, body)
         except ApiException as exc:
@@ -105,7 +126,7 @@ class JobReconciler:
             ObjectRef.of(created),
             f"Created Workload: {ref.namespace}/{created['metadata']['name']} for {ref} in "
             f"LocalQueue {jobsutil.queue_name(first)}",
-            priority=priority,
+            priority=body["spec"]["priority"],
         )
 
     def _pods_ready(self, wl: Obj, ready: bool) -> bool:
@@ -149,10 +170,11 @@ class JobReconciler:
         now = wlutil.now_rfc3339()
         granular = self.m.granular
 
+        # a pod-owned Workload dies with its pod: requeuing it would place nothing
+        requeue = reason == api.EVICTED_BY_PREEMPTION and not wlutil.owned_by_single_pod(wl)
+
         def release(w: MutableMapping[str, Any]) -> bool:
-            changed = wlutil.set_requeued(
-                w, reason, message, reason == api.EVICTED_BY_PREEMPTION, now
-            )
+            changed = wlutil.set_requeued(w, reason, message, requeue, now)
             pending = api.REASON_PENDING_EVALUATION if granular else api.PENDING
             changed = wlutil.unset_quota_reservation(w, pending, message, now, granular) or changed
             return wlutil.reset_checks_to_pending(w, now) or changed
@@ -178,10 +200,15 @@ class JobReconciler:
         )
         if wl is not None and wlutil.is_finished(wl):
             return
+        if wl is not None and not jobsutil.job_matches_workload(job, wl, m.cache.flavors):
+            wl = self._no_matching_workload(ref, job, wl, jref)
+            if wl is None:
+                return  # its deletion brings the Job back here, to create a new one
         finished, succeeded, message = jobsutil.job_finished(job)
         if finished:
             if wl is not None:
-                self._finish(wl, succeeded, message)
+                reason = api.FINISHED_SUCCEEDED if succeeded else api.FINISHED_FAILED
+                self._finish(wl, reason, message)
             return
         if wl is None:
             self._create_workload(ref, [job], jobsutil.job_pod_sets(job))
@@ -196,37 +223,106 @@ class JobReconciler:
             return
         if suspended:
             if wlutil.is_admitted(wl):
-                patch = jobsutil.job_start_patch(job, wl, m.cache.flavors)
-                m.kube.patch(JOBS, job, patch)
-                cq = wl["status"]["admission"]["clusterQueue"]
-                m.tracer.step(
-                    "startJob",
-                    jref,
-                    f"Admitted by clusterQueue {cq}",
-                    nodeSelector=patch["spec"]["template"]["spec"]["nodeSelector"],
-                )
+                self._start_job(job, wl, jref)
+            else:
+                self._queue_name_change(job, wl, jref)
             return
         if not wlutil.is_admitted(wl):
             self._suspend(job, jref, "Not admitted by cluster queue")
+
+    def _no_matching_workload(
+        self, ref: jobsutil.Ref, job: Obj, wl: Obj, jref: ObjectRef
+    ) -> Obj | None:
+        """ensureOneWorkload when the Job no longer matches its Workload: the Workload of
+        a suspended Job holding no quota is rewritten; otherwise a running Job is stopped
+        and the Workload deleted (None)."""
+        m = self.m
+        suspended = bool((job.get("spec") or {}).get("suspend"))
+        key = f"{ref.namespace}/{wl['metadata']['name']}"
+        if suspended and not wlutil.has_quota_reservation(wl):
+            body = self._new_workload(ref, [job], jobsutil.job_pod_sets(job))
+            spec = {**body["spec"], "active": wlutil.is_active(wl)}
+            try:
+                written = m.kube.update(WORKLOADS, {**wl, "spec": spec})
+            except ApiException as exc:
+                if is_not_found(exc):
+                    return None
+                raise
+            m.tracer.step(
+                "updateWorkloadToMatchJob",
+                jref,
+                f"Updated not matching Workload for suspended job: {key}",
+            )
+            return written
+        if not jobsutil.job_finished(job)[0]:
+            job = self._stop_job(
+                job,
+                wl,
+                jref,
+                "No matching Workload; restoring pod templates according to existent Workload",
+            )
+            if jobsutil.job_restore_patch(job, wl) is not None:
+                return None  # restored once its pods are gone; the Job's update brings it back
+        m.kube.delete(WORKLOADS, wl)
+        m.tracer.step("ensureOneWorkload", jref, f"Deleted not matching Workload: {key}")
+        return None
+
+    def _start_job(self, job: Obj, wl: Obj, jref: ObjectRef) -> None:
+        """startJob; a pod template the admission cannot be merged into finishes the
+        Workload (FailedToStart), as retrying cannot help."""
+        m = self.m
+        try:
+            patch = jobsutil.job_start_patch(job, wl, m.cache.flavors)
+        except jobsutil.PodSetUpdateError as exc:
+            self._finish(wl, api.FINISHED_FAILED_TO_START, str(exc))
+            return
+        m.kube.patch(JOBS, job, patch)
+        cq = wl["status"]["admission"]["clusterQueue"]
+        m.tracer.step(
+            "startJob",
+            jref,
+            f"Admitted by clusterQueue {cq}",
+            nodeSelector=patch["spec"]["template"]["spec"]["nodeSelector"],
+        )
+
+    def _queue_name_change(self, job: Obj, wl: Obj, jref: ObjectRef) -> None:
+        """handleQueueNameChange: the Workload follows the Job's queue-name label (the
+        Workload's queueName is immutable while it holds quota)."""
+        queue = jobsutil.queue_name(job)
+        old = (wl.get("spec") or {}).get("queueName", "")
+        if old == queue or wlutil.has_quota_reservation(wl):
+            return
+        self.m.kube.patch(WORKLOADS, wl, {"spec": {"queueName": queue}})
+        self.m.tracer.step(
+            "handleQueueNameChange",
+            jref,
+            f"Job changed queue-name, updating workload: LocalQueue {old} -> {queue}",
+        )
 
     def _suspend(self, job: Obj, jref: ObjectRef, why: str) -> None:
         self.m.kube.patch(JOBS, job, {"spec": {"suspend": True}})
         self.m.tracer.step("stopJob", jref, f"Job suspended: {why}", warning=True)
 
-    def _stop_evicted_job(self, job: Obj, wl: Obj, jref: ObjectRef) -> None:
+    def _stop_job(self, job: Obj, wl: Obj, jref: ObjectRef, message: str) -> Obj:
+        """Job.Stop: suspend, forget the start time, restore the template the Workload
+        recorded. The API server lets a suspended Job's template change only once it has
+        no startTime (or is Suspended) and no active pod (MutableSchedulingDirectives-
+        ForSuspendedJobs, Beta in v1.36): until the Job controller has removed its pods the
+        restore waits, and the Job's status update brings the reconcile back."""
         m = self.m
-        message = (condition(wl, api.EVICTED) or {}).get("message", "")
         if not (job.get("spec") or {}).get("suspend"):
             job = m.kube.patch(JOBS, job, {"spec": {"suspend": True}})
             m.tracer.step("stopJob", jref, f"Job suspended: {message}", warning=True)
-        # the pod template may only change on a suspended Job that has no startTime
         if (job.get("status") or {}).get("startTime"):
             job = m.kube.patch_status(JOBS, job, {"status": {"startTime": None}})
-        restore = jobsutil.job_restore_patch(wl)
-        want = restore["spec"]["template"]["spec"]
-        have = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-        if any((have.get(k) or None) != want[k] for k in want):
+        restore = jobsutil.job_restore_patch(job, wl)
+        if restore is not None and not (job.get("status") or {}).get("active"):
             job = m.kube.patch(JOBS, job, restore)
+        return job
+
+    def _stop_evicted_job(self, job: Obj, wl: Obj, jref: ObjectRef) -> None:
+        message = (condition(wl, api.EVICTED) or {}).get("message", "")
+        job = self._stop_job(job, wl, jref, message)
         if wlutil.has_quota_reservation(wl) and not (job.get("status") or {}).get("active"):
             self._release_after_stop(wl)
 
@@ -267,7 +363,8 @@ class JobReconciler:
         else:
             finished, succeeded, message = jobsutil.group_finished(pods, count)
         if wl is not None and not wlutil.is_finished(wl) and finished:
-            self._finish(wl, succeeded, message)
+            reason = api.FINISHED_SUCCEEDED if succeeded else api.FINISHED_FAILED
+            self._finish(wl, reason, message)
             return
         if wl is None or wlutil.is_finished(wl):
             if wl is None and not finished and jobsutil.queue_name(first):
@@ -288,7 +385,12 @@ class JobReconciler:
         if wlutil.is_admitted(wl):
             for pod in live:
                 if jobsutil.is_gated(pod):
-                    m.kube.update(PODS, jobsutil.pod_ungate(pod, wl, m.cache.flavors))
+                    try:
+                        ungated = jobsutil.pod_ungate(pod, wl, m.cache.flavors)
+                    except jobsutil.PodSetUpdateError as exc:
+                        self._finish(wl, api.FINISHED_FAILED_TO_START, str(exc))
+                        return
+                    m.kube.update(PODS, ungated)
                     m.tracer.step(
                         "startJob",
                         ObjectRef.of({**pod, "apiVersion": "v1", "kind": "Pod"}),

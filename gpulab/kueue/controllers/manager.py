@@ -37,17 +37,18 @@ from gpulab.informer import (
     Store,
     key_of,
 )
-from gpulab.kueue import api, model
+from gpulab.kueue import api, dra, model
 from gpulab.kueue import jobs as jobsutil
 from gpulab.kueue import workload as wlutil
 from gpulab.kueue.cache import AdmissionCheckInfo, Cache
 from gpulab.kueue.config import Configuration
 from gpulab.kueue.controllers import client as kc
 from gpulab.kueue.controllers.client import KubeClient
-from gpulab.kueue.metrics import Metrics
+from gpulab.kueue.metrics import Metrics, UnadmittedWorkloads
 from gpulab.kueue.model import condition_true
 from gpulab.kueue.preemption import Preemptor
 from gpulab.kueue.queue import Manager as QueueManager
+from gpulab.kueue.resources import adjust_resources
 from gpulab.trace import Tracer
 from gpulab.wait import WaitTimeout, wait_for
 from gpulab.workqueue import WorkQueue, run_worker
@@ -71,6 +72,7 @@ WATCHED: tuple[tuple[Resource, str | None], ...] = (
     (JOBS, None),
     (PODS, f"{api.MANAGED_LABEL}=true"),
     (kc.STATEFULSETS, None),
+    (kc.LIMIT_RANGES, None),
     (NODES, None),
 )
 
@@ -94,9 +96,11 @@ class Manager:
         self.clock = clock
         self.lock = threading.RLock()
         self.stop = threading.Event()
-        self.cache = Cache()
+        wfpr = self.config.wait_for_pods_ready
+        self.cache = Cache(pods_ready_tracking=wfpr is not None and wfpr.block_admission)
         self.stores: dict[str, Store] = {res.plural: Store() for res, _sel in WATCHED}
         self.granular = self.config.gate("UnadmittedWorkloadsObservability")
+        self.unadmitted = UnadmittedWorkloads(self.metrics.unadmitted) if self.granular else None
         self.preemptor = Preemptor(
             fair_sharing=self.config.fair_sharing is not None,
             strategies=self.config.fair_sharing or (),
@@ -145,6 +149,17 @@ class Manager:
             return None
         return (ns.get("metadata") or {}).get("labels") or {}
 
+    def limit_ranges(self, namespace: str) -> list[Obj]:
+        """The namespace's LimitRanges, by name (the order Summarize takes them in)."""
+        return sorted(
+            (
+                lr
+                for lr in self.store(kc.LIMIT_RANGES).list()
+                if lr["metadata"]["namespace"] == namespace
+            ),
+            key=lambda lr: lr["metadata"]["name"],
+        )
+
     def priority_values(self) -> tuple[dict[str, int], dict[str, int]]:
         """(WorkloadPriorityClass values, PriorityClass values) by name."""
         wpcs = {
@@ -159,7 +174,7 @@ class Manager:
     ) -> model.WorkloadInfo:
         wfpr = self.config.wait_for_pods_ready
         return model.workload_from_obj(
-            obj,
+            adjust_resources(obj, self.limit_ranges(obj["metadata"]["namespace"])),
             cluster_queue,
             self.config.resources,
             eviction_timestamp=wfpr.eviction_timestamp if wfpr else True,
@@ -177,6 +192,12 @@ class Manager:
         if owner.get("kind") == "Pod":
             return jobsutil.Ref(jobsutil.POD, meta["namespace"], owner["name"])
         return None
+
+    def queue_pending(self, wl: Mapping[str, Any]) -> None:
+        """AddOrUpdateWorkload into the ClusterQueue its LocalQueue names (call with the
+        lock held)."""
+        cq = self.queues.cluster_queue_for(wl["metadata"]["namespace"], _queue(wl))
+        self.queues.add_or_update_workload(self.wl_info(wl, cq))
 
     # -- requeueing inadmissible Workloads -----------------------------------------------------
 
@@ -369,18 +390,18 @@ class Manager:
                 self.queues.delete_workload(key)
             elif status == "reserved":
                 self.queues.delete_workload(key, forget=False)
-                info = self.wl_info(new)
-                if self.cache.add_or_update_workload(info):
-                    ready = condition_true(new, api.PODS_READY)
-                    if self.config.wait_for_pods_ready and not ready:
-                        self.cache.not_ready.add(key)
-                    else:
-                        self.cache.not_ready.discard(key)
+                self.cache.add_or_update_workload(self.wl_info(new))
             else:  # pending
                 if prev == "reserved" and self.cache.delete_workload(key) is not None:
                     self.queues.queue_associated_inadmissible_after(key)
-                cq = self.queues.cluster_queue_for(new["metadata"]["namespace"], _queue(new))
-                self.queues.add_or_update_workload(self.wl_info(new, cq))
+                if dra.has_dra(new):
+                    # the Workload reconciler refuses it or queues it (Reconcile's DRA step)
+                    self.queues.delete_workload(key)
+                else:
+                    self.queue_pending(new)
+            old_cq = self.queues.cluster_queue_for(new["metadata"]["namespace"], _queue(old or new))
+        if deleted and self.unadmitted is not None:
+            self.unadmitted.remove(key)
         if not deleted:
             self.workload_q.add(key)
             self.check_q.add(f"Workload:{key}")
@@ -392,6 +413,8 @@ class Manager:
             new["metadata"]["namespace"], _queue(new)
         )
         self.enqueue_status(cq_name, later=True)
+        if old_cq != cq_name:  # moved to another LocalQueue: the old one has one less
+            self.enqueue_status(old_cq, later=True)
 
     def _on_job(self, old: Obj | None, new: Obj, deleted: bool) -> None:
         meta = new["metadata"]

@@ -116,6 +116,7 @@ class SchedulerRunner:
             m.cache.is_added,
             fair_sharing=m.config.fair_sharing is not None,
             cycle=self.cycle,
+            limit_ranges=m.limit_ranges,
         )
         admitted: set[str] = set()
         for e in entries:

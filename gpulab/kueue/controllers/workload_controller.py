@@ -12,6 +12,10 @@ check evicts (``AdmissionCheck``; Rejected also deactivates); ``reconcileNotRead
 (waitForPodsReady) evicts an admitted Workload whose pods are not ready in time
 (``PodsReadyTimeout``) with an exponential requeue backoff, or deactivates it once
 ``backoffLimitCount`` is reached. Eviction itself is pkg/workload/evict ``Evict``.
+A pending Workload whose pods ask for DRA devices is refused or queued here
+(gpulab/kueue/dra.py), as upstream's Reconcile does before queueing it; with the
+UnadmittedWorkloadsObservability gate every reconcile records the Workload's
+unadmitted status (``UpdateUnadmittedWorkload``, ``kueue_unadmitted_workloads``).
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
 
-from gpulab.kueue import api
+from gpulab.kueue import api, dra
 from gpulab.kueue import workload as wlutil
-from gpulab.kueue.controllers.client import WORKLOADS
+from gpulab.kueue.controllers.client import RESOURCE_CLAIM_TEMPLATES, WORKLOADS, is_not_found
 from gpulab.kueue.controllers.scheduler import required_checks
 from gpulab.kueue.model import condition, condition_true, timestamp
 from gpulab.trace import ObjectRef
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("gpulab.kueue.workload")
 Mutation = Callable[[MutableMapping[str, Any]], bool]
+DRA_RETRY_SECONDS = 10.0  # a ResourceClaimTemplate that could not be read
 
 
 class WorkloadReconciler:
@@ -74,6 +79,13 @@ class WorkloadReconciler:
     def reconcile(self, key: str) -> float | None:
         m = self.m
         wl = m.store(WORKLOADS).get(key)
+        if m.unadmitted is not None:
+            status = wlutil.unadmitted_status(wl) if wl is not None else None
+            if status is None:
+                m.unadmitted.remove(key)
+            else:
+                ns, queue = wl["metadata"]["namespace"], (wl.get("spec") or {}).get("queueName", "")
+                m.unadmitted.update(key, (m.queues.cluster_queue_for(ns, queue) or "", *status))
         if wl is None or wlutil.is_finished(wl):
             return None
         now = m.clock()
@@ -131,6 +143,8 @@ class WorkloadReconciler:
                 return None
         if reserved:
             return self._reconcile_reserved(key, wl, now)
+        if dra.has_dra(wl):
+            return self._reconcile_dra(key, wl)
         self._reconcile_pending(key, wl)
         return None
 
@@ -170,6 +184,50 @@ class WorkloadReconciler:
             m.tracer.step(
                 "Reconcile", ObjectRef.of(written), f"{reason}: {problem[1]}", warning=True
             )
+
+    def _claim_template(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.m.kube.get(RESOURCE_CLAIM_TEMPLATES, namespace, name)
+        except ApiException as exc:
+            if is_not_found(exc):
+                raise dra.TemplateMissing(
+                    f'resourceclaimtemplates.resource.k8s.io "{name}" not found'
+                ) from exc
+            raise
+
+    def _reconcile_dra(self, key: str, wl: dict[str, Any]) -> float | None:
+        """A pending Workload with DRA claims: refused (QuotaReserved=False Misconfigured,
+        Requeued=False Inadmissible), or queued when it asks for no device after all."""
+        m = self.m
+        refusal = dra.refusal(wl, self._claim_template)
+        if refusal is None:
+
+            def clear(w: MutableMapping[str, Any]) -> bool:
+                changed = False
+                for ctype in (api.QUOTA_RESERVED, api.REQUEUED):
+                    if (condition(w, ctype) or {}).get("status") == "False":
+                        changed = wlutil.remove_condition(w, ctype) or changed
+                return changed
+
+            written = self._update(key, clear) or wl
+            with m.lock:
+                m.queue_pending(written)
+            return None
+        reason = api.REASON_MISCONFIGURED if m.granular else api.INADMISSIBLE
+        now = wlutil.now_rfc3339()
+
+        def refuse(w: MutableMapping[str, Any]) -> bool:
+            if not wlutil.unset_quota_reservation(w, reason, refusal.message, now, m.granular):
+                return False
+            wlutil.set_requeued(w, api.INADMISSIBLE, refusal.requeued_message, False, now)
+            return True
+
+        written = self._update(key, refuse)
+        if written is not None:
+            m.tracer.step(
+                "Reconcile", ObjectRef.of(written), f"{reason}: {refusal.message}", warning=True
+            )
+        return DRA_RETRY_SECONDS if refusal.retry else None
 
     # -- holding quota ----------------------------------------------------------------------------
 
