@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -458,8 +460,29 @@ def find_go() -> str:
 
 
 def build(comp: Component, go: str, progress: Progress) -> None:
+    """Build ``comp`` unless another `gpulab build` finished it while this one waited for
+    the component's lock (two terminals, or make and a test, building at once)."""
     work = cache_dir() / "build" / f"{comp.name}-{comp.version}"
     work.mkdir(parents=True, exist_ok=True)
+    with (work / ".lock").open("w") as lock:
+        if not _try_lock(lock):
+            progress(f"{comp.name} {comp.version}: another build holds it; waiting")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not verify(comp):
+                progress(f"{comp.name} {comp.version}: built meanwhile in {comp.bin_dir}")
+                return
+        _build_locked(comp, go, work, progress)
+
+
+def _try_lock(lock: Any) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _build_locked(comp: Component, go: str, work: Path, progress: Progress) -> None:
     env = {**os.environ, "CGO_ENABLED": "1" if comp.cgo else "0", "GOFLAGS": "-mod=mod"}
     progress(f"{comp.name} {comp.version}: resolving modules")
     _write_wrapper(comp, go, work, env)

@@ -80,3 +80,38 @@ def test_missing_go_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
         HarnessError, match=r"Go toolchain \(`go`\) is not on PATH.*install Go 1.26\+"
     ):
         binaries.find_go()
+
+
+def test_a_second_build_waits_for_the_first_and_does_not_build_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `gpulab build`s of one component at once (two terminals): the second waits for
+    the first's lock and then finds the binaries built, instead of racing it."""
+    import threading
+    import time
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    comp = binaries.CRICTL
+    started, builds = threading.Event(), []
+
+    def fake_build(c: binaries.Component, go: str, work: Path, progress: object) -> None:
+        builds.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.3)
+        c.bin_dir.mkdir(parents=True)
+        (c.bin_dir / "crictl").write_bytes(b"crictl")
+        sums = {"crictl": binaries._sha256(c.bin_dir / "crictl")}
+        (c.bin_dir / "manifest.json").write_text(json.dumps(sums))
+
+    monkeypatch.setattr(binaries, "_build_locked", fake_build)
+    said: list[str] = []
+    first = threading.Thread(target=binaries.build, args=(comp, "go", said.append), name="a")
+    first.start()
+    started.wait(5)
+    binaries.build(comp, "go", said.append)
+    first.join()
+    assert builds == ["a"]
+    assert said == [
+        f"cri-tools {comp.version}: another build holds it; waiting",
+        f"cri-tools {comp.version}: built meanwhile in {comp.bin_dir}",
+    ]
