@@ -66,7 +66,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
 
     w = subparsers.add_parser(
         "vc-webhook-manager",
-        help="run Volcano's admission webhooks (vcjobs, queues)",
+        help="run Volcano's admission webhooks (vcjobs, PodGroups, queues)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -77,7 +77,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     w.add_argument("--port", type=int, default=8443, help="port (8443)")
     w.add_argument(
         "--enabled-admission",
-        default="/jobs/mutate,/jobs/validate,/queues/mutate,/queues/validate",
+        default="/jobs/mutate,/jobs/validate,/podgroups/validate,/queues/mutate,/queues/validate",
         help="comma-separated admission paths to serve",
     )
     w.add_argument("--scheduler-name", default="volcano", help="default schedulerName of vcjobs")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -331,26 +332,38 @@ def _timeout_seconds(policy: Mapping[str, Any]) -> float:
     return parse_duration(raw) if raw else 0.0
 
 
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,  # µs
+    "\u03bcs": 1e-6,  # μs
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"(\d*\.?\d*)([^\d.]*)")
+
+
 def parse_duration(raw: str) -> float:
-    """A Go duration such as ``90s``, ``5m``, ``1h30m`` in seconds."""
-    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-    total, number = 0.0, ""
-    i = 0
-    while i < len(raw):
-        ch = raw[i]
-        if ch.isdigit() or ch == ".":
-            number += ch
-            i += 1
-            continue
-        unit = "ms" if raw[i : i + 2] == "ms" else ch
-        if unit not in units or not number:
-            raise ValueError(f"invalid duration {raw!r}")
-        total += float(number) * units[unit]
-        number = ""
-        i += len(unit)
-    if number:
-        raise ValueError(f"invalid duration {raw!r} (missing unit)")
-    return total
+    """Go's ``time.ParseDuration`` in seconds (``90s``, ``1h30m``, ``-1.5h``, ``500ms``,
+    ``0``), with its error texts."""
+    text = raw[1:] if raw[:1] in ("-", "+") else raw
+    if text == "0":
+        return 0.0
+    total, pos = 0.0, 0
+    while pos < len(text) or not text:
+        m = _DURATION_PART.match(text, pos)
+        number, unit = m.groups() if m else ("", "")
+        if number in ("", "."):
+            raise ValueError(f'time: invalid duration "{raw}"')
+        if not unit:
+            raise ValueError(f'time: missing unit in duration "{raw}"')
+        if unit not in _DURATION_UNITS:
+            raise ValueError(f'time: unknown unit "{unit}" in duration "{raw}"')
+        total += float(number) * _DURATION_UNITS[unit]
+        pos = m.end() if m else len(text)
+    return -total if raw.startswith("-") else total
 
 
 def apply_policies(job: Mapping[str, Any], request: Mapping[str, Any]) -> tuple[str, float]:
