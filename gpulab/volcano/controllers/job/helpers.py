@@ -317,6 +317,40 @@ def append_job_condition(conditions: list[Obj], phase: str, when: str) -> list[O
     ]
 
 
+# -- the job cache's task checks ---------------------------------------------------------------
+
+
+def task_spec(job: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
+    for task in ((job or {}).get("spec") or {}).get("tasks") or []:
+        if task.get("name") == name:
+            return task
+    return None
+
+
+def task_completed(task: Mapping[str, Any] | None, pods: list[Mapping[str, Any]]) -> bool:
+    """jobCache.TaskCompleted: as many of the task's pods Succeeded as it has replicas."""
+    replicas = int((task or {}).get("replicas") or 0)
+    done = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Succeeded")
+    return replicas > 0 and done >= replicas
+
+
+def task_failed(task: Mapping[str, Any] | None, pods: list[Mapping[str, Any]]) -> bool:
+    """jobCache.TaskFailed: the restarts of the task's Running and Pending pods' containers
+    (init containers included) reached the task's ``maxRetry`` (0 means 3, -1 never)."""
+    replicas = int((task or {}).get("replicas") or 0)
+    max_retry = int((task or {}).get("maxRetry") or 0)
+    if replicas == 0 or max_retry == -1:
+        return False
+    retried = 0
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Running", "Pending"):
+            containers = status.get("initContainerStatuses") or []
+            containers += status.get("containerStatuses") or []
+            retried += sum(int(c.get("restartCount") or 0) for c in containers)
+    return retried >= (max_retry or 3)
+
+
 # -- policies --------------------------------------------------------------------------------
 
 
@@ -364,6 +398,50 @@ def parse_duration(raw: str) -> float:
         total += float(number) * _DURATION_UNITS[unit]
         pos = m.end() if m else len(text)
     return -total if raw.startswith("-") else total
+
+
+def go_duration(seconds: float) -> str:
+    """time.Duration.String(): ``1m30s``, ``10m0s``, ``1h0m0s``, ``500ms``, ``0s``."""
+    ns = round(abs(seconds) * 1e9)
+    sign = "-" if seconds < 0 else ""
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("\u00b5s", 1_000), ("ns", 1)):
+            if ns >= size:
+                return sign + _go_number(ns, size) + unit
+    hours, rest = divmod(ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    text = _go_number(rest, 1_000_000_000) + "s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    if hours:
+        text = f"{hours}h{text}"
+    return sign + text
+
+
+def _go_number(value: int, unit: int) -> str:
+    whole, frac = divmod(value, unit)
+    if not frac:
+        return str(whole)
+    digits = str(frac).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
+
+
+# upstream's isInternalAction and GetActionType
+INTERNAL_ACTIONS = frozenset(
+    {apis.SYNC_JOB, apis.ENQUEUE_JOB, apis.SYNC_QUEUE, apis.OPEN_QUEUE, apis.CLOSE_QUEUE}
+)
+TASK_ACTION, POD_ACTION, PARTITION_ACTION, JOB_ACTION = "task", "pod", "partition", "job"
+
+
+def action_type(action: str) -> str:
+    """GetActionType: which delayed actions one executed action makes redundant."""
+    return {
+        apis.RESTART_TASK: TASK_ACTION,
+        apis.RESTART_POD: POD_ACTION,
+        apis.RESTART_PARTITION: PARTITION_ACTION,
+    }.get(action, JOB_ACTION)
 
 
 def apply_policies(job: Mapping[str, Any], request: Mapping[str, Any]) -> tuple[str, float]:
