@@ -5,7 +5,6 @@ plugins (env, svc, ssh, pytorch, mpi) on the pods and around them."""
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from volcano_helpers import FakeApi
 
 from gpulab.trace import Tracer
 from gpulab.volcano import apis
@@ -23,63 +22,6 @@ from gpulab.volcano.controllers.job.job_controller import JobController
 
 Obj = dict[str, Any]
 NS = "team"
-
-
-class Model:
-    """What the generated client returns for a read: attributes, like a V1ConfigMap."""
-
-    def __init__(self, body: Obj) -> None:
-        self.metadata = body.get("metadata")
-        self.data = body.get("data")
-        if body.get("stringData"):
-            self.data = {
-                k: base64.b64encode(v.encode()).decode() for k, v in body["stringData"].items()
-            }
-        self.string_data = None
-
-
-class FakeApi:
-    """CoreV1Api, NetworkingV1Api and CustomObjectsApi as far as the controller uses them:
-    objects by (kind, name), every call recorded."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str], Obj] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.rv = 100
-        self.core = self.networking = self  # the plugins' Clients
-
-    def __getattr__(self, method: str) -> Any:
-        verb, _, kind = method.partition("_namespaced_")
-        if not kind:
-            raise AttributeError(method)
-
-        def call(*args: Any, **_kw: Any) -> Any:
-            name = ""
-            if verb in ("read", "delete", "replace", "patch"):
-                name = args[0] if kind != "custom_object" else args[4]
-            self.calls.append((method, name))
-            if verb == "create":
-                body = args[-1]
-                name = body["metadata"]["name"]
-                self.objects[(kind, name)] = body
-                return body if kind in ("pod", "custom_object") else Model(body)
-            if verb == "read":
-                if (kind, name) not in self.objects:
-                    raise ApiException(status=404)
-                return Model(self.objects[(kind, name)])
-            if verb == "delete":
-                self.objects.pop((kind, name), None)
-            if verb == "replace" and kind.startswith("custom_object"):
-                self.rv += 1
-                body = json.loads(json.dumps(args[-1]))
-                body["metadata"]["resourceVersion"] = str(self.rv)
-                return body
-            return None
-
-        return call
-
-    def sanitize_for_serialization(self, obj: Any) -> Any:
-        return obj
 
 
 @pytest.fixture

@@ -188,6 +188,13 @@ def _add(into: dict[str, Decimal], usage: Mapping[str, Decimal], times: int) -> 
         into[name] = into.get(name, Decimal(0)) + q * times
 
 
+def calc_task_requests(pod: Mapping[str, Any], replicas: int) -> dict[str, str]:
+    """util.CalTaskRequests: the pod's quota usage, ``replicas`` times."""
+    out: dict[str, Decimal] = {}
+    _add(out, pod_quota_usage(pod), replicas)
+    return {name: format_quantity(q) for name, q in sorted(out.items())}
+
+
 def min_task_member(task: Mapping[str, Any]) -> int:
     """getMinTaskMember."""
     if task.get("minAvailable") is not None:
