@@ -1,4 +1,6 @@
-"""Running Volcano sessions without a cluster: a fake cache, one-call session runs."""
+"""Running Volcano without a cluster: the lab's scheduler configuration (read from its
+manifest), a fake scheduler cache, one-call session runs, and a fake API for the
+controllers."""
 
 from __future__ import annotations
 
@@ -6,9 +8,11 @@ import base64
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import yaml
 from kubernetes.client.rest import ApiException
 
 from gpulab.framework.objects import make_node
@@ -22,24 +26,21 @@ from gpulab.volcano.scheduler.plugins import PLUGINS
 
 Obj = dict[str, Any]
 
-# the ConfigMap of manifests/volcano: proportion in the first tier, so that its
-# Reclaimable (only queues over their deserved share) joins gang's and conformance's
-LAB_CONF = """
-actions: "enqueue, allocate, backfill, reclaim"
-tiers:
-- plugins:
-  - name: priority
-  - name: gang
-    enablePreemptable: false
-  - name: conformance
-  - name: proportion
-- plugins:
-  - name: drf
-    enablePreemptable: false
-  - name: predicates
-  - name: nodeorder
-  - name: binpack
-"""
+SCHEDULER_MANIFEST = Path(__file__).resolve().parents[2] / "manifests/volcano/scheduler.yaml"
+
+
+def lab_conf() -> str:
+    """The scheduler configuration the lab deploys, read from its ConfigMap in
+    manifests/volcano/scheduler.yaml (proportion in the first tier, so that its
+    Reclaimable - only queues over their deserved share - joins gang's and
+    conformance's)."""
+    for doc in yaml.safe_load_all(SCHEDULER_MANIFEST.read_text()):
+        if doc and doc.get("kind") == "ConfigMap":
+            return str(doc["data"]["volcano-scheduler.conf"])
+    raise LookupError(f"no ConfigMap in {SCHEDULER_MANIFEST}")
+
+
+LAB_CONF = lab_conf()
 
 
 @dataclass
