@@ -2,8 +2,8 @@
 InterPodAffinity, as Volcano's predicates plugin runs them (PreFilter once per task,
 then Filter per node).
 
-Mirrors kubernetes (the scheduler framework volcano-sh/volcano v1.15.1 vendors, v1.35;
-the same in v1.36.3) ``pkg/scheduler/framework/plugins``:
+Mirrors kubernetes v1.36.3 ``pkg/scheduler/framework/plugins`` (volcano-sh/volcano
+v1.15.1 vendors v1.35.3 of them):
 - ``nodeports/node_ports.go``: the pod's host ports (containers, and init containers
   that keep running - ``restartPolicy: Always``) against the ones the node's pods hold
   (``HostPortInfo.CheckConflict``: ``0.0.0.0`` conflicts with every address, an empty
