@@ -154,17 +154,24 @@ def _reject_constant(name: str) -> Any:
 
 
 def answer(review: Review, raw: bytes) -> Obj:
-    """The AdmissionReview to send back for body ``raw``: never raises for bad input."""
+    """The AdmissionReview to send back for body ``raw``. What does not decode is refused
+    (400); an exception in the admission functions themselves is a bug and propagates."""
     uid = ""
     try:
         body = json.loads(raw, parse_constant=_reject_constant)
-        request = schema.review_request(body)
-        uid = request["uid"] if isinstance(request.get("uid"), str) else ""
-        response = review(request)
-    except (ValueError, UnicodeDecodeError) as exc:  # DecodeError is a ValueError
-        response = refused(uid, f"{exc}"[:1000] or type(exc).__name__)
     except RecursionError:
         response = refused(uid, "the body nests deeper than the decoder goes")
+    except ValueError as exc:  # not JSON, not UTF-8, an integer too long
+        response = refused(uid, f"couldn't decode the AdmissionReview: {exc}"[:1000])
+    else:
+        try:
+            request = schema.review_request(body)
+            uid = request["uid"] if isinstance(request.get("uid"), str) else ""
+            response = review(request)
+        except schema.DecodeError as exc:
+            response = refused(uid, str(exc))
+        except RecursionError:  # a copy or a patch of an object nested as deep as it parses
+            response = refused(uid, "the body nests deeper than the decoder goes")
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
