@@ -49,13 +49,28 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
 
     c = subparsers.add_parser(
         "vc-controller-manager",
-        help="run Volcano's job and queue controllers",
+        help="run Volcano's job, PodGroup and queue controllers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("--kubeconfig", default=None, help="default: in-cluster, else the lab's")
     c.add_argument(
         "--worker-threads", type=int, default=3, help="job controller workers (3), one queue each"
+    )
+    c.add_argument(
+        "--worker-threads-for-podgroup", type=int, default=5, help="PodGroup controller workers (5)"
+    )
+    c.add_argument(
+        "--scheduler-name",
+        action="append",
+        default=None,
+        help="pods whose schedulerName gets a PodGroup (volcano); repeatable",
+    )
+    c.add_argument(
+        "--inherit-owner-annotations",
+        type=_bool,
+        default=True,
+        help="PodGroups take their pods' owners' volcano.sh/ annotations (true)",
     )
     c.add_argument("--listen-address", default=":8081", help="metrics address (:8081)")
     c.add_argument("--healthz-address", default=":11251", help="health address (:11251)")
@@ -66,7 +81,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
 
     w = subparsers.add_parser(
         "vc-webhook-manager",
-        help="run Volcano's admission webhooks (vcjobs, queues)",
+        help="run Volcano's admission webhooks (vcjobs, PodGroups, queues)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -77,7 +92,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     w.add_argument("--port", type=int, default=8443, help="port (8443)")
     w.add_argument(
         "--enabled-admission",
-        default="/jobs/mutate,/jobs/validate,/queues/mutate,/queues/validate",
+        default="/jobs/mutate,/jobs/validate,/podgroups/validate,/queues/mutate,/queues/validate",
         help="comma-separated admission paths to serve",
     )
     w.add_argument("--scheduler-name", default="volcano", help="default schedulerName of vcjobs")
@@ -157,6 +172,7 @@ def run_controller_manager(args: argparse.Namespace) -> int:
     from gpulab.kube import api_client
     from gpulab.trace import Tracer
     from gpulab.volcano.controllers.job.job_controller import JobController
+    from gpulab.volcano.controllers.podgroup import PodGroupController
     from gpulab.volcano.controllers.queue import QueueController
     from gpulab.volcano.server import healthz, metrics
 
@@ -165,6 +181,13 @@ def run_controller_manager(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     controllers = [
         JobController(api, tracer, args.worker_threads),
+        PodGroupController(
+            api,
+            tracer,
+            tuple(args.scheduler_name or ["volcano"]),
+            args.worker_threads_for_podgroup,
+            args.inherit_owner_annotations,
+        ),
         QueueController(api, tracer, registry),
     ]
     ready = threading.Event()
@@ -179,7 +202,9 @@ def run_controller_manager(args: argparse.Namespace) -> int:
     while not stop.wait(0.2):
         if not ready.is_set() and all(c.has_synced() for c in controllers):
             ready.set()
-            tracer.step("Run", None, "job and queue controllers started; informers synced")
+            tracer.step(
+                "Run", None, "job, PodGroup and queue controllers started; informers synced"
+            )
     tracer.flush(timeout=2)
     return 0
 

@@ -4,7 +4,11 @@ vc-scheduler and vc-controller-manager serve ``/healthz`` (``--healthz-address``
 Prometheus ``/metrics`` (``--listen-address``); vc-webhook-manager serves its admission
 paths over HTTPS (``--port``, ``--tls-cert-file``, ``--tls-private-key-file``), as
 upstream's ``cmd/*/app/server.go`` do. One small Starlette app each, run by uvicorn on a
-socket bound before anything else starts (a port in use is one clear line).
+socket bound before anything else starts (a port in use is one clear line). Idle
+connections stay open 120 s (HAMi's ``UVICORN`` settings): kube-apiserver reuses its
+kept-alive connections to a webhook for up to 90 s, and one closed under it fails the
+admission with EOF (uvicorn's default closes them after 5 s; upstream's Go server never
+does).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from gpulab.hami.server import listen, parse_bind
+from gpulab.hami.server import UVICORN, listen, parse_bind
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -52,10 +56,7 @@ def serve(
     host, port = parse_bind(bind, flag)
     sock = listen((host, port), flag)
     config = uvicorn.Config(
-        Starlette(routes=routes),
-        ssl_certfile=cert_file,
-        ssl_keyfile=key_file,
-        log_level="warning",
+        Starlette(routes=routes), ssl_certfile=cert_file, ssl_keyfile=key_file, **UVICORN
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(

@@ -8,15 +8,16 @@ sessions. What does get stuck is a gang smaller than the job: Volcano's gang is 
 PodGroup's ``minMember`` (the vcjob's ``minAvailable``), and it guarantees exactly that.
 
 Two vcjobs, ``train-a`` and ``train-b``, in queue ``lab-gang-deadlock``: each a PyTorch
-job (job plugin ``pytorch``: one ``master`` and three ``worker`` tasks, so upstream's
-plugin gives every pod ``WORLD_SIZE=4``), 2 GPUs a pod, on the lab's two 4-GPU T4 nodes -
+job (job plugin ``pytorch``: one ``master`` and three ``worker`` tasks, so the plugin gives
+every pod ``WORLD_SIZE=4`` and its ``RANK``, 0 to 3, in ``kubectl get pod -o yaml``), 2 GPUs
+a pod, on the lab's two 4-GPU T4 nodes -
 each job fits the 8 GPUs alone, not both. The team set ``minAvailable: 2`` ("to start
 sooner", copied from an elastic example). Both jobs were submitted while the nodes were
 cordoned (maintenance); once uncordoned, one session places master + 1 worker of each
 job: each PodGroup is Running (condition Scheduled), 8/8 GPUs are held, 4 workers stay
 Pending, and each job's 2 ranks wait in ``init_process_group`` for a world of 4 that
-never comes. (The lab's job controller accepts job plugins but does not inject their
-env - the pods are pause containers - so the world size is read from the job spec.)
+never comes. (The pods are pause containers: the ranks do not really wait, but their
+env says what they would wait for.)
 
 The fix is the gang: ``minAvailable: 4`` (= WORLD_SIZE) on both jobs. Volcano then sees
 the truth - 2 of minMember 4 running, the rest unschedulable: PodGroup phase Unknown,
@@ -158,9 +159,11 @@ class GangDeadlockVolcanoLab:
         f"-n {NS} get podgroups`): Volcano says the gang is Running. How many pods does its "
         "gang (minMember) count, and how many ranks does the job's pytorch plugin put in "
         "its world (WORLD_SIZE)?",
-        f"`kubectl -n {NS} get vcjob train-a -o yaml`: spec.minAvailable and each task's "
-        "replicas. Volcano's allocate commits a gang as soon as minAvailable tasks fit, and "
-        "keeps placing the rest only while GPUs are free",
+        f"`kubectl -n {NS} get pod train-a-master-0 -o yaml`: the env the pytorch job plugin "
+        f"gave the rank (WORLD_SIZE, RANK, MASTER_ADDR). Then `kubectl -n {NS} get vcjob "
+        "train-a -o yaml`: spec.minAvailable and each task's replicas. Volcano's allocate "
+        "commits a gang as soon as minAvailable tasks fit, and keeps placing the rest only "
+        "while GPUs are free",
         f"`kubectl -n {NS} get podgroups` after raising minAvailable: what phase does Volcano "
         "give a gang with running members that cannot complete, and what does the job's "
         "policy list do on that event?",

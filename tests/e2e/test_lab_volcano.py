@@ -1,7 +1,8 @@
 """lab-gang-deadlock-volcano on its own cluster (harness/clusters/labs-volcano.yaml: addon
 volcano, two 4-GPU T4 nodes): the broken state (two PyTorch vcjobs whose gang,
 minAvailable 2, is half their world of 4) is diagnosed naming the volcano link on the
-PodGroup and on a running rank; the documented fix (minAvailable 4 on both jobs) makes
+PodGroup and on a running rank, every rank's pod carrying the pytorch plugin's
+WORLD_SIZE=4 and its RANK; the documented fix (minAvailable 4 on both jobs) makes
 `gpulab lab check` pass, through Volcano's own recovery (PodGroup Unknown -> the jobs'
 Unknown policy restarts them -> enqueue lets one whole gang in); afterwards no object of
 the lab has a broken link. The Volcano chapter's demo objects that fit this cluster
@@ -49,12 +50,26 @@ def _running(api: client.ApiClient) -> dict[str, int]:
     return {g: gv.running_count(pods, g) for g in gv.GANGS}
 
 
+def _ranks(api: client.ApiClient) -> dict[str, dict[str, str]]:
+    """Per job, RANK -> WORLD_SIZE as the pytorch job plugin wrote them into the pods' env
+    (what `kubectl get pod -o yaml` shows)."""
+    out: dict[str, dict[str, str]] = {}
+    for pod in client.CoreV1Api(api).list_namespaced_pod(gv.NS).items:
+        env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+        gang = (pod.metadata.annotations or {}).get(apis.JOB_NAME_KEY, "")
+        out.setdefault(gang, {})[env.get("RANK", "?")] = env.get("WORLD_SIZE", "?")
+    return out
+
+
 def test_lab_gang_deadlock_volcano(labs_volcano: Cluster) -> None:
     api = labs_volcano.api
     backend = labs_volcano.backend
     gv.LAB.start(backend, progress)
     try:
         assert _running(api) == {"train-a": 2, "train-b": 2}
+        assert _ranks(api) == {
+            g: {str(r): str(gv.WORLD) for r in range(gv.WORLD)} for g in gv.GANGS
+        }
         (case,) = gv.LAB.cases(api)
         link, answer = first_broken(api, *case.target)
         assert link == "volcano", answer

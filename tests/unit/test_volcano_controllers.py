@@ -5,9 +5,11 @@ webhook messages."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from gpulab.informer import Store
 from gpulab.volcano import apis
 from gpulab.volcano import objects as vo
 from gpulab.volcano.controllers.job import helpers
@@ -235,7 +237,17 @@ def test_policy_messages_are_upstreams() -> None:
     assert message.startswith(
         "1 error occurred:\n\t* duplicate event PodFailed  across different policy"
     )
-    assert "valid events are [* PodFailed PodEvicted" in message
+    # upstream prints getValidEvents() / getValidActions(), built from Go maps: any order
+    found = re.search(r"valid events are \[(.*)\], valid actions are \[(.*)\];$", message)
+    assert found is not None, message
+    assert set(found.group(1).split(" ")) == {
+        "*", "PodFailed", "PodEvicted", "PodPending", "Unknown", "TaskCompleted", "TaskFailed",
+        "JobUpdated",
+    }  # fmt: skip
+    assert set(found.group(2).split(" ")) == {
+        "AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition",
+        "TerminateJob", "CompleteJob", "ResumeJob",
+    }  # fmt: skip
 
 
 def test_queue_admission() -> None:
@@ -243,8 +255,10 @@ def test_queue_admission() -> None:
         {"op": "add", "path": "/spec/reclaimable", "value": True},
         {"op": "add", "path": "/spec/weight", "value": 1},
     ]
-    assert queues.validate_delete("default") == "`default` queue can not be deleted"
-    assert queues.validate_delete("team") == ""
+    store = Store()
+    store.replace([vo.queue("default"), vo.queue("team")])
+    assert queues.validate_delete("default", store) == "`default` queue can not be deleted"
+    assert queues.validate_delete("team", store) == ""
 
 
 def test_a_deleted_pod_group_brings_its_job_back_on_the_same_worker_queue() -> None:

@@ -207,11 +207,15 @@ def test_the_overlay_keeps_what_the_cache_did() -> None:
 
 
 def test_a_pod_of_another_scheduler_counts_only_when_bound() -> None:
+    """Both jobs have a PodGroup: only the scheduler-name filter keeps the other
+    scheduler's unbound pod out of its job (and its bound pod in, on its node)."""
     mine = task_pod("g", "w", 0, requests={GPU: 1})
     other = task_pod("o", "w", 0, requests={GPU: 1}, scheduler="default-scheduler")
     bound = task_pod("o", "w", 1, requests={GPU: 3}, scheduler="default-scheduler", node="gpu-0")
-    info = snapshot.build([mine, other, bound], [podgroup("g")], gpu_nodes(1), [queue("default")])
-    assert list(info.jobs) == ["default/g"]
+    pgs = [podgroup("g"), podgroup("o")]
+    info = snapshot.build([mine, other, bound], pgs, gpu_nodes(1), [queue("default")])
+    assert sorted(t.name for t in info.jobs["default/g"].tasks.values()) == ["g-w-0"]
+    assert sorted(t.name for t in info.jobs["default/o"].tasks.values()) == ["o-w-1"]
     assert info.nodes["gpu-0"].idle.get(GPU) == 5000
 
 

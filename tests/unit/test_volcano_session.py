@@ -117,3 +117,20 @@ def test_a_queue_that_is_not_reclaimable_keeps_its_tasks() -> None:
     queues = [queue("qa", 1, reclaimable=False), queue("qb", 3)]
     _, cache = run(pods, [a, b], gpu_nodes(2), queues, actions=["reclaim"])
     assert cache.evictions == []
+
+
+def test_a_not_ready_node_counts_in_the_total_but_its_taint_keeps_pods_off() -> None:
+    """setNodeState ignores node conditions: the NotReady node's 8 GPUs are in the
+    session's total, so proportion lets a 12-GPU gang into an uncapped queue of a 16-GPU
+    cluster; the node-lifecycle taint keeps every pod on the Ready node."""
+    nodes = gpu_nodes(2)
+    nodes[1]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    nodes[1].setdefault("spec", {})["taints"] = [
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    ]
+    big, _ = gang("big", 12, 1, q="team", phase=apis.PG_PENDING)
+    e, e_pods = elastic("e", "team", 16)
+    ssn, cache = run(e_pods, [big, e], nodes, [queue("team")])
+    assert ssn.total_resource.get(GPU) == 16000
+    assert cache.phase("big") == apis.PG_INQUEUE
+    assert len(cache.binds) == 8 and {node for _, node in cache.binds} == {"gpu-0"}

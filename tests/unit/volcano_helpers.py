@@ -1,10 +1,19 @@
-"""Running Volcano sessions without a cluster: a fake cache, one-call session runs."""
+"""Running Volcano without a cluster: the lab's scheduler configuration (read from its
+manifest), a fake scheduler cache, one-call session runs, and a fake API for the
+controllers."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import yaml
+from kubernetes.client.rest import ApiException
 
 from gpulab.framework.objects import make_node
 from gpulab.volcano.scheduler import conf, snapshot
@@ -17,24 +26,21 @@ from gpulab.volcano.scheduler.plugins import PLUGINS
 
 Obj = dict[str, Any]
 
-# the ConfigMap of manifests/volcano: proportion in the first tier, so that its
-# Reclaimable (only queues over their deserved share) joins gang's and conformance's
-LAB_CONF = """
-actions: "enqueue, allocate, backfill, reclaim"
-tiers:
-- plugins:
-  - name: priority
-  - name: gang
-    enablePreemptable: false
-  - name: conformance
-  - name: proportion
-- plugins:
-  - name: drf
-    enablePreemptable: false
-  - name: predicates
-  - name: nodeorder
-  - name: binpack
-"""
+SCHEDULER_MANIFEST = Path(__file__).resolve().parents[2] / "manifests/volcano/scheduler.yaml"
+
+
+def lab_conf() -> str:
+    """The scheduler configuration the lab deploys, read from its ConfigMap in
+    manifests/volcano/scheduler.yaml (proportion in the first tier, so that its
+    Reclaimable - only queues over their deserved share - joins gang's and
+    conformance's)."""
+    for doc in yaml.safe_load_all(SCHEDULER_MANIFEST.read_text()):
+        if doc and doc.get("kind") == "ConfigMap":
+            return str(doc["data"]["volcano-scheduler.conf"])
+    raise LookupError(f"no ConfigMap in {SCHEDULER_MANIFEST}")
+
+
+LAB_CONF = lab_conf()
 
 
 @dataclass
@@ -97,3 +103,69 @@ def run(
         ACTIONS[name]().execute(ssn)
     close_session(ssn)
     return ssn, cache
+
+
+# -- the API as the controllers call it -------------------------------------------------------
+
+
+class Model:
+    """What the generated client returns for a read: attributes, like a V1ConfigMap."""
+
+    def __init__(self, body: Obj) -> None:
+        meta = body.get("metadata") or {}
+        self.metadata = SimpleNamespace(
+            name=meta.get("name"), annotations=meta.get("annotations"), labels=meta.get("labels")
+        )
+        self.data = body.get("data")
+        if body.get("stringData"):
+            self.data = {
+                k: base64.b64encode(v.encode()).decode() for k, v in body["stringData"].items()
+            }
+        self.string_data = None
+
+
+class FakeApi:
+    """The typed clients (CoreV1Api, NetworkingV1Api, AppsV1Api, CustomObjectsApi) as far
+    as the controllers use them: objects by (kind, name), every call and patch recorded."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], Obj] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.patches: list[Any] = []
+        self.rv = 100
+        self.core = self.networking = self  # the plugins' Clients
+
+    def __getattr__(self, method: str) -> Any:
+        verb, _, kind = method.partition("_namespaced_")
+        if not kind:
+            raise AttributeError(method)
+
+        def call(*args: Any, **_kw: Any) -> Any:
+            name = ""
+            if verb in ("read", "delete", "replace", "patch"):
+                name = args[0] if kind != "custom_object" else args[4]
+            self.calls.append((method, name))
+            if verb == "create":
+                body = args[-1]
+                name = body["metadata"]["name"]
+                self.objects[(kind, name)] = body
+                return body if kind in ("pod", "custom_object") else Model(body)
+            if verb == "read":
+                if (kind, name) not in self.objects:
+                    raise ApiException(status=404)
+                return Model(self.objects[(kind, name)])
+            if verb == "delete":
+                self.objects.pop((kind, name), None)
+            if verb == "patch":
+                self.patches.append(args[-1])
+            if verb == "replace" and kind.startswith("custom_object"):
+                self.rv += 1
+                body = json.loads(json.dumps(args[-1]))
+                body["metadata"]["resourceVersion"] = str(self.rv)
+                return body
+            return None
+
+        return call
+
+    def sanitize_for_serialization(self, obj: Any) -> Any:
+        return obj

@@ -4,8 +4,10 @@ Mirrors volcano-sh/volcano v1.15.1 ``pkg/scheduler/cache/event_handlers.go`` (a 
 ``scheduling.k8s.io/group-name`` joins the JobInfo of that PodGroup; a pod on a node
 counts there unless it finished; ``setPodGroup``: a PodGroup without a queue goes to the
 default queue; the PriorityClass of the PodGroup gives the job its priority, the global
-default class or 0 otherwise) and ``cache.go`` ``Snapshot`` (only Ready nodes; only jobs
-that have a PodGroup and whose queue exists; pods of other schedulers only when bound).
+default class or 0 otherwise) and ``cache.go`` ``Snapshot`` (every node: ``setNodeState``
+ignores node conditions, so a NotReady node's resources stay in the session's total and
+only its taints keep pods off it; only jobs that have a PodGroup and whose queue exists;
+pods of other schedulers only when bound).
 
 The cache's own knowledge overlays the API objects: a task it sent to the binder is
 Binding on its node until the pod shows ``spec.nodeName`` (``AddBindTask``), a task it
@@ -23,7 +25,7 @@ from typing import Any
 
 from gpulab.volcano import apis
 from gpulab.volcano.scheduler.api.job_info import JobInfo, TaskInfo, TaskStatus
-from gpulab.volcano.scheduler.api.node_info import NodeInfo, node_ready
+from gpulab.volcano.scheduler.api.node_info import NodeInfo
 from gpulab.volcano.scheduler.api.queue_info import QueueInfo
 from gpulab.volcano.scheduler.framework.interface import ClusterInfo
 
@@ -81,11 +83,7 @@ def build(
     overlay = overlay or Overlay()
     tasks = tasks or TaskCache()
     classes = priority_classes or {}
-    node_infos = {}
-    for node in nodes:
-        if node_ready(node):
-            info = NodeInfo.of(node)
-            node_infos[info.name] = info
+    node_infos = {info.name: info for info in (NodeInfo.of(node) for node in nodes)}
     queue_infos = {q.uid: q for q in (QueueInfo.of(q) for q in queues)}
     jobs: dict[str, JobInfo] = {}
     for pg in podgroups:

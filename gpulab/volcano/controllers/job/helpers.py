@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -187,6 +188,13 @@ def _add(into: dict[str, Decimal], usage: Mapping[str, Decimal], times: int) -> 
         into[name] = into.get(name, Decimal(0)) + q * times
 
 
+def calc_task_requests(pod: Mapping[str, Any], replicas: int) -> dict[str, str]:
+    """util.CalTaskRequests: the pod's quota usage, ``replicas`` times."""
+    out: dict[str, Decimal] = {}
+    _add(out, pod_quota_usage(pod), replicas)
+    return {name: format_quantity(q) for name, q in sorted(out.items())}
+
+
 def min_task_member(task: Mapping[str, Any]) -> int:
     """getMinTaskMember."""
     if task.get("minAvailable") is not None:
@@ -316,6 +324,40 @@ def append_job_condition(conditions: list[Obj], phase: str, when: str) -> list[O
     ]
 
 
+# -- the job cache's task checks ---------------------------------------------------------------
+
+
+def task_spec(job: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
+    for task in ((job or {}).get("spec") or {}).get("tasks") or []:
+        if task.get("name") == name:
+            return task
+    return None
+
+
+def task_completed(task: Mapping[str, Any] | None, pods: list[Mapping[str, Any]]) -> bool:
+    """jobCache.TaskCompleted: as many of the task's pods Succeeded as it has replicas."""
+    replicas = int((task or {}).get("replicas") or 0)
+    done = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Succeeded")
+    return replicas > 0 and done >= replicas
+
+
+def task_failed(task: Mapping[str, Any] | None, pods: list[Mapping[str, Any]]) -> bool:
+    """jobCache.TaskFailed: the restarts of the task's Running and Pending pods' containers
+    (init containers included) reached the task's ``maxRetry`` (0 means 3, -1 never)."""
+    replicas = int((task or {}).get("replicas") or 0)
+    max_retry = int((task or {}).get("maxRetry") or 0)
+    if replicas == 0 or max_retry == -1:
+        return False
+    retried = 0
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Running", "Pending"):
+            containers = status.get("initContainerStatuses") or []
+            containers += status.get("containerStatuses") or []
+            retried += sum(int(c.get("restartCount") or 0) for c in containers)
+    return retried >= (max_retry or 3)
+
+
 # -- policies --------------------------------------------------------------------------------
 
 
@@ -331,26 +373,82 @@ def _timeout_seconds(policy: Mapping[str, Any]) -> float:
     return parse_duration(raw) if raw else 0.0
 
 
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,  # µs
+    "\u03bcs": 1e-6,  # μs
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"(\d*\.?\d*)([^\d.]*)")
+
+
 def parse_duration(raw: str) -> float:
-    """A Go duration such as ``90s``, ``5m``, ``1h30m`` in seconds."""
-    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-    total, number = 0.0, ""
-    i = 0
-    while i < len(raw):
-        ch = raw[i]
-        if ch.isdigit() or ch == ".":
-            number += ch
-            i += 1
-            continue
-        unit = "ms" if raw[i : i + 2] == "ms" else ch
-        if unit not in units or not number:
-            raise ValueError(f"invalid duration {raw!r}")
-        total += float(number) * units[unit]
-        number = ""
-        i += len(unit)
-    if number:
-        raise ValueError(f"invalid duration {raw!r} (missing unit)")
-    return total
+    """Go's ``time.ParseDuration`` in seconds (``90s``, ``1h30m``, ``-1.5h``, ``500ms``,
+    ``0``), with its error texts."""
+    text = raw[1:] if raw[:1] in ("-", "+") else raw
+    if text == "0":
+        return 0.0
+    total, pos = 0.0, 0
+    while pos < len(text) or not text:
+        m = _DURATION_PART.match(text, pos)
+        number, unit = m.groups() if m else ("", "")
+        if number in ("", "."):
+            raise ValueError(f'time: invalid duration "{raw}"')
+        if not unit:
+            raise ValueError(f'time: missing unit in duration "{raw}"')
+        if unit not in _DURATION_UNITS:
+            raise ValueError(f'time: unknown unit "{unit}" in duration "{raw}"')
+        total += float(number) * _DURATION_UNITS[unit]
+        pos = m.end() if m else len(text)
+    return -total if raw.startswith("-") else total
+
+
+def go_duration(seconds: float) -> str:
+    """time.Duration.String(): ``1m30s``, ``10m0s``, ``1h0m0s``, ``500ms``, ``0s``."""
+    ns = round(abs(seconds) * 1e9)
+    sign = "-" if seconds < 0 else ""
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("\u00b5s", 1_000), ("ns", 1)):
+            if ns >= size:
+                return sign + _go_number(ns, size) + unit
+    hours, rest = divmod(ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    text = _go_number(rest, 1_000_000_000) + "s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    if hours:
+        text = f"{hours}h{text}"
+    return sign + text
+
+
+def _go_number(value: int, unit: int) -> str:
+    whole, frac = divmod(value, unit)
+    if not frac:
+        return str(whole)
+    digits = str(frac).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
+
+
+# upstream's isInternalAction and GetActionType
+INTERNAL_ACTIONS = frozenset(
+    {apis.SYNC_JOB, apis.ENQUEUE_JOB, apis.SYNC_QUEUE, apis.OPEN_QUEUE, apis.CLOSE_QUEUE}
+)
+TASK_ACTION, POD_ACTION, PARTITION_ACTION, JOB_ACTION = "task", "pod", "partition", "job"
+
+
+def action_type(action: str) -> str:
+    """GetActionType: which delayed actions one executed action makes redundant."""
+    return {
+        apis.RESTART_TASK: TASK_ACTION,
+        apis.RESTART_POD: POD_ACTION,
+        apis.RESTART_PARTITION: PARTITION_ACTION,
+    }.get(action, JOB_ACTION)
 
 
 def apply_policies(job: Mapping[str, Any], request: Mapping[str, Any]) -> tuple[str, float]:

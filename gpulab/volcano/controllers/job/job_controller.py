@@ -2,30 +2,44 @@
 
 Mirrors volcano-sh/volcano v1.15.1 ``pkg/controllers/job``:
 - ``job_controller_handler.go``: a Job added or changed, a pod of a Job added (event
-  PodPending), changed (PodRunning / PodFailed / TaskCompleted / TaskFailed ...) or
-  deleted (PodEvicted, unless the controller itself marked it out of sync), a PodGroup
-  whose phase changed (Unknown -> event Unknown), a bus.volcano.sh Command naming a Job -
-  each becomes a request on the work queue;
-- ``job_controller.go`` ``processNextReq``: ``applyPolicies`` turns the request's event
-  into an action (``RestartJob`` for ``PodEvicted`` if the job says so), an Event
-  ``ExecuteAction`` "Start to execute action <action> " is recorded for any action but
-  SyncJob, and the job's state executes it (state.py);
-- ``job_controller_actions.go`` ``syncJob`` (initiate: status Pending, then
-  ``createOrUpdatePodGroup``; pods are created only once the PodGroup left Pending -
-  i.e. the scheduler's enqueue let it in; pods beyond the replicas or out of sync are
-  deleted; the counts and the phase go to ``status``) and ``killJob`` (the job's version
-  goes up, its pods - but the retained phases - are marked
-  ``volcano.sh/controller-out-of-sync`` and deleted, the status updated, the PodGroup
-  deleted), ``recordPodGroupEvent`` (Warning ``PodGroupPending`` while the PodGroup's
-  newest condition is not Scheduled).
+  PodPending), changed (PodRunning / PodPending on a phase change, PodFailed with the
+  first container's exit code, TaskCompleted once as many pods of its task succeeded as
+  it has replicas, TaskFailed while the restarts of its task's Running and Pending pods
+  reach the task's maxRetry - ``cache.TaskCompleted`` / ``cache.TaskFailed``) or deleted
+  (PodEvicted, unless the controller itself marked it out of sync), a PodGroup whose
+  phase changed (Unknown -> event Unknown), a bus.volcano.sh Command naming a Job - each
+  becomes a request on the work queue;
+- ``job_controller.go`` ``processNextReq``: ``CleanPodDelayActionsIfNeed`` first (a pod
+  that left Pending cancels its delayed PodPending action, a pod that runs cancels its
+  delayed PodFailed / PodEvicted one), then ``applyPolicies`` turns the request's event
+  into an action (``RestartJob`` for ``PodEvicted`` if the job says so); a policy with a
+  ``timeout`` becomes a delayed action (``AddDelayActionForJob``: an Event "Execute action
+  <action> after <timeout>", one timer per pod - the same action again keeps the running
+  timer); otherwise an Event ``ExecuteAction`` "Start to execute action <action> " is
+  recorded for any action but SyncJob and the job's state executes it (state.py); an
+  action that is not internal then cancels the delayed actions it makes redundant
+  (``cleanupDelayActions``: every delayed job-level action of the job, the task's or the
+  pod's for RestartTask / RestartPod), as does a delayed action once it ran;
+- ``job_controller_actions.go`` ``syncJob`` (initiate: status Pending, the job plugins'
+  ``OnJobAdd``, then ``createOrUpdatePodGroup``; an initiated job: the plugins'
+  ``OnJobUpdate``; pods are created only once the PodGroup left Pending - i.e. the
+  scheduler's enqueue let it in - each passed through the plugins' ``OnPodCreate``; pods
+  beyond the replicas or out of sync are deleted; the counts and the phase go to
+  ``status``) and ``killJob`` / ``killTarget`` (``killPods``: for the whole job its
+  version goes up and its pods - but the retained phases - are marked
+  ``volcano.sh/controller-out-of-sync`` and deleted, for RestartTask / RestartPod only the
+  task's or the pod's; then the plugins' ``OnJobDelete``, the status, and the PodGroup is
+  deleted in both cases, so the gang goes back through enqueue), ``recordPodGroupEvent``
+  (Warning ``PodGroupPending`` while the PodGroup's newest condition is not Scheduled).
 
-Workers as upstream's: ``--worker-threads`` (3) queues, a job hashed (FNV-32) to one.
+Workers as upstream's: ``--worker-threads`` (3) queues, a job hashed (FNV-32) to one. The
+job plugins are plugins.py.
 
 Lab differences: pods are found through their controller reference, not a separate job
 cache; a PodGroup's deletion also queues its Job (upstream watches PodGroup updates
-only); a delayed action (a policy with ``timeout``) is re-queued after the delay and not
-cancelled by later pod changes; no job plugins, PVCs, ``ttlSecondsAfterFinished`` or
-``runningDuration``. The lab also traces
+only); a delayed action fires through the job's work queue (upstream: its own
+goroutine), so it never runs beside another request of the same job; no PVCs,
+partitions, ``ttlSecondsAfterFinished`` or ``runningDuration``. The lab also traces
 ``CreatePodGroup``, ``SyncJob`` (pods created / deleted) and ``KillJob`` as Events on the
 Job.
 """
@@ -37,7 +51,9 @@ import copy
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -46,7 +62,7 @@ from kubernetes.client.rest import ApiException
 from gpulab.informer import PODS, Handlers, Informer, ListWatch, key_of
 from gpulab.trace import ObjectRef, Tracer
 from gpulab.volcano import apis
-from gpulab.volcano.controllers.job import helpers
+from gpulab.volcano.controllers.job import helpers, plugins
 from gpulab.volcano.controllers.job.state import KILL, KILL_TARGET, RETAIN_SOFT, Step, next_step
 from gpulab.workqueue import WorkQueue, run_worker
 
@@ -70,11 +86,120 @@ def _rv(obj: Mapping[str, Any] | None) -> int:
         return 0
 
 
+POD_EVENTS = frozenset(
+    {apis.POD_PENDING_EVENT, apis.POD_RUNNING_EVENT, apis.POD_FAILED_EVENT, apis.POD_EVICTED_EVENT}
+)
+
+
+@dataclass(frozen=True)
+class DelayedAction:
+    """delayAction: what fires after ``delay`` unless cancelled (``token`` identifies the
+    timer on the work queue)."""
+
+    job_key: str
+    task: str
+    pod: str
+    pod_uid: str
+    event: str
+    action: str
+    delay: float
+    token: str
+
+
+class DelayedActions:
+    """delayActionMap: per job key, per pod name, the pending delayed action; a cancelled
+    timer's token is no longer live and its firing is dropped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_job: dict[str, dict[str, DelayedAction]] = {}
+        self._live: set[str] = set()
+
+    @staticmethod
+    def job_key(request: Mapping[str, Any]) -> str:
+        return f"{request['namespace']}/{request['job']}"
+
+    def add(self, request: Mapping[str, Any], action: str, delay: float) -> DelayedAction | None:
+        """AddDelayActionForJob: the new timer, or None when the pod already waits for the
+        same action (that timer keeps running)."""
+        key, pod = self.job_key(request), str(request.get("pod") or "")
+        with self._lock:
+            timers = self._by_job.setdefault(key, {})
+            old = timers.get(pod)
+            if old is not None and old.action == action:
+                return None
+            timer = DelayedAction(
+                key,
+                str(request.get("task") or ""),
+                pod,
+                str(request.get("pod_uid") or ""),
+                str(request.get("event") or ""),
+                action,
+                delay,
+                str(uuid.uuid4()),
+            )
+            timers[pod] = timer
+            self._live.add(timer.token)
+            return timer
+
+    def clean_if_needed(self, request: Mapping[str, Any]) -> DelayedAction | None:
+        """CleanPodDelayActionsIfNeed: the delayed action this pod event cancels, if any."""
+        event = request.get("event")
+        if event not in POD_EVENTS or event == apis.POD_PENDING_EVENT:
+            return None
+        with self._lock:
+            timers = self._by_job.get(self.job_key(request), {})
+            timer = timers.get(str(request.get("pod") or ""))
+            if timer is None:
+                return None
+            same_pod = request.get("pod_uid") == timer.pod_uid  # not its successor's
+            pending = timer.event == apis.POD_PENDING_EVENT and same_pod
+            ran = (
+                timer.event in (apis.POD_FAILED_EVENT, apis.POD_EVICTED_EVENT)
+                and event == apis.POD_RUNNING_EVENT
+            )
+            if not (pending or ran):
+                return None
+            del timers[timer.pod]
+            self._live.discard(timer.token)
+            return timer
+
+    def live(self, token: str) -> bool:
+        with self._lock:
+            return token in self._live
+
+    def fired(self, token: str) -> None:
+        with self._lock:
+            self._live.discard(token)
+
+    def cleanup(self, job_key: str, action: str, task: str, pod: str) -> list[DelayedAction]:
+        """cleanupDelayActions: cancel the job's delayed actions of the executed action's
+        type (for a task or pod action, of the same task or pod)."""
+        kind = helpers.action_type(action)
+        cancelled = []
+        with self._lock:
+            timers = self._by_job.get(job_key, {})
+            for timer in list(timers.values()):
+                if helpers.action_type(timer.action) != kind:
+                    continue
+                if kind == helpers.TASK_ACTION and timer.task != task:
+                    continue
+                if kind == helpers.POD_ACTION and timer.pod != pod:
+                    continue
+                del timers[timer.pod]
+                self._live.discard(timer.token)
+                cancelled.append(timer)
+        return cancelled
+
+
 class JobController:
     def __init__(self, api: client.ApiClient, tracer: Tracer, workers: int = 3) -> None:
         self.core = client.CoreV1Api(api)
+        self.networking = client.NetworkingV1Api(api)  # the plugins write through both
         self.custom = client.CustomObjectsApi(api)
         self.tracer = tracer
+        self.delayed = DelayedActions()
+        self._plugin_warned: set[str] = set()  # job uids told about a plugin not implemented
         # One queue per worker; a job always hashes to the same one, so its requests are
         # handled in order, by one worker at a time (upstream's queueList + getWorkerQueue).
         self.work_queues = [WorkQueue() for _ in range(max(1, workers))]
@@ -152,6 +277,7 @@ class JobController:
             job_uid=uid,
             task=ann[apis.TASK_SPEC_KEY],
             pod=meta["name"],
+            pod_uid=str(meta.get("uid") or ""),
             event=event,
             exit_code=exit_code,
             job_version=int(version),
@@ -178,28 +304,32 @@ class JobController:
         old_phase = (old.get("status") or {}).get("phase")
         phase = (new.get("status") or {}).get("phase")
         event, exit_code = apis.OUT_OF_SYNC_EVENT, 0
-        if phase == "Failed" and old_phase != "Failed":
-            event = apis.POD_FAILED_EVENT
-            statuses = (new.get("status") or {}).get("containerStatuses") or []
-            terminated = (statuses[0].get("state") or {}).get("terminated") if statuses else None
-            exit_code = int((terminated or {}).get("exitCode") or 0)
-        elif phase == "Succeeded" and old_phase != "Succeeded" and self._task_completed(new):
-            event = apis.TASK_COMPLETED_EVENT
-        elif phase == "Running" and old_phase != "Running":
-            event = apis.POD_RUNNING_EVENT
-        elif phase == "Pending" and old_phase != "Pending":
-            event = apis.POD_PENDING_EVENT
+        if phase == "Failed":
+            if old_phase != "Failed":
+                event = apis.POD_FAILED_EVENT
+                statuses = (new.get("status") or {}).get("containerStatuses") or [{}]
+                terminated = (statuses[0].get("state") or {}).get("terminated")
+                exit_code = int((terminated or {}).get("exitCode") or 0)
+        elif phase == "Succeeded":
+            if old_phase != "Succeeded" and helpers.task_completed(*self._task_of(new)):
+                event = apis.TASK_COMPLETED_EVENT
+        elif phase in ("Running", "Pending"):
+            if helpers.task_failed(*self._task_of(new)):
+                event = apis.TASK_FAILED_EVENT
+            if old_phase != phase:
+                event = apis.POD_RUNNING_EVENT if phase == "Running" else apis.POD_PENDING_EVENT
         if helpers.is_out_of_sync(new):
             event = apis.OUT_OF_SYNC_EVENT
         self._pod_request(new, event, exit_code)
 
-    def _task_completed(self, pod: Obj) -> bool:
-        """cache.TaskCompleted: every pod of the pod's task succeeded."""
+    def _task_of(self, pod: Obj) -> tuple[Mapping[str, Any] | None, list[Obj]]:
+        """The pod's task as its Job declares it, and the task's pods the cache holds."""
         uid, task = helpers.controller_uid(pod), helpers.task_key(pod)
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        job = self.jobs.store.get(f"{pod['metadata']['namespace']}/{ann.get(apis.JOB_NAME_KEY)}")
         with self._lock:
             pods = list(self._pods.get(uid or "", {}).values())
-        mine = [p for p in pods if helpers.task_key(p) == task]
-        return bool(mine) and all((p.get("status") or {}).get("phase") == "Succeeded" for p in mine)
+        return helpers.task_spec(job, task), [p for p in pods if helpers.task_key(p) == task]
 
     def _pod_deleted(self, pod: Obj) -> None:
         uid = helpers.controller_uid(pod)
@@ -257,6 +387,9 @@ class JobController:
 
     def reconcile(self, key: str) -> float | None:
         request = json.loads(key)
+        if request.get("delayed"):
+            self._run_delayed(request)
+            return None
         if request.get("command"):
             try:
                 self.custom.delete_namespaced_custom_object(
@@ -270,18 +403,61 @@ class JobController:
                 if exc.status == 404:
                     return None
                 raise
+        cancelled = self.delayed.clean_if_needed(request)
+        if cancelled is not None:
+            _log.info(
+                "Cancel delayed action <%s> for pod <%s> because of event <%s> of Job <%s>",
+                cancelled.action,
+                cancelled.pod,
+                request.get("event"),
+                cancelled.job_key,
+            )
         job = self.job(request["namespace"], request["job"])
         if job is None:
             return None
         action, delay = helpers.apply_policies(job, request)
         if delay:
-            self._event(job, apis.EXECUTE_ACTION, f"Execute action {action} after {delay:g}s")
-            delayed = {k: v for k, v in request.items() if k != "command"}
-            delayed["action"] = action
-            self._queue_of(request).add_after(json.dumps(delayed, sort_keys=True), delay)
+            after = helpers.go_duration(delay)
+            self._event(job, apis.EXECUTE_ACTION, f"Execute action {action} after {after}")
+            timer = self.delayed.add(request, action, delay)
+            if timer is not None:
+                fire = {k: v for k, v in request.items() if k != "command"}
+                fire.update(action=action, delayed=timer.token)
+                self._queue_of(request).add_after(json.dumps(fire, sort_keys=True), delay)
             return None
         if action != apis.SYNC_JOB:
             self._event(job, apis.EXECUTE_ACTION, f"Start to execute action {action} ")
+        self.execute(job, action, request)
+        if action not in helpers.INTERNAL_ACTIONS:
+            self._cleanup_delayed(request, action)
+        return None
+
+    def _run_delayed(self, request: Mapping[str, Any]) -> None:
+        """A delayed action's timer expired: run it unless it was cancelled meanwhile,
+        then cancel the delayed actions it makes redundant."""
+        token = str(request["delayed"])
+        if not self.delayed.live(token):
+            return
+        job = self.job(request["namespace"], request["job"])
+        if job is not None:
+            self.execute(job, str(request["action"]), request)
+        self.delayed.fired(token)
+        self._cleanup_delayed(request, str(request["action"]))
+
+    def _cleanup_delayed(self, request: Mapping[str, Any], action: str) -> None:
+        key = DelayedActions.job_key(request)
+        task, pod = str(request.get("task") or ""), str(request.get("pod") or "")
+        for timer in self.delayed.cleanup(key, action, task, pod):
+            _log.info(
+                "Cancel delayed action <%s> for pod <%s> because of action <%s> of Job <%s>",
+                timer.action,
+                timer.pod,
+                action,
+                key,
+            )
+
+    def execute(self, job: Obj, action: str, request: Mapping[str, Any]) -> None:
+        """NewState(job).Execute(GetStateAction(...))."""
         phase = ((job.get("status") or {}).get("state") or {}).get("phase") or ""
         step = next_step(phase, action)
         _log.debug(
@@ -290,7 +466,7 @@ class JobController:
             key_of(job),
             phase,
             (job.get("status") or {}).get("version"),
-            key,
+            request,
         )
         if step.kind == KILL:
             self.kill_job(job, step)
@@ -301,7 +477,6 @@ class JobController:
             self.kill_job(job, step, target)
         else:
             self.sync_job(job, step)
-        return None
 
     def _event(self, job: Obj, reason: str, message: str, warning: bool = False) -> None:
         self.tracer.step(reason, job_ref(job), message, warning=warning)
@@ -327,15 +502,17 @@ class JobController:
         if self.queues.store.get(queue_name) is None:
             raise LookupError(f"queue {queue_name} of job {key_of(job)} not found")
         status: Obj = job.setdefault("status", {})
-        if not helpers.is_initiated(job) and not (status.get("state") or {}).get("phase"):
+        initiated = helpers.is_initiated(job)
+        if not initiated and not (status.get("state") or {}).get("phase"):
             when = helpers.now()
             status["state"] = {"phase": apis.JOB_PENDING, "lastTransitionTime": when}
             status["minAvailable"] = int(job["spec"].get("minAvailable") or 0)
             status["conditions"] = helpers.append_job_condition(
                 status.get("conditions") or [], apis.JOB_PENDING, when
             )
-            job = self._update_status(job)
+            job = copy.deepcopy(self._update_status(job))
             status = job["status"]
+        self._run_plugins(job, "on_job_update" if initiated else "on_job_add")
         self.create_or_update_pod_group(job)
         pg = self.podgroups.store.get(f"{meta['namespace']}/{apis.pod_group_name(job)}")
         sync_tasks = False
@@ -352,6 +529,35 @@ class JobController:
             return
         self._sync_pods(job, step)
 
+    def _run_plugins(self, job: Obj, hook: str) -> None:
+        """pluginOnJobAdd / pluginOnJobUpdate / pluginOnJobDelete: each of the job's
+        plugins, in the order its spec names them; ``job``'s status.controlledResources
+        records what they did."""
+        uid = str(job["metadata"].get("uid"))
+        skipped = plugins.not_implemented(job)
+        if skipped and uid not in self._plugin_warned:
+            self._plugin_warned.add(uid)
+            self._event(
+                job,
+                "PluginError",
+                f"job plugin(s) {', '.join(skipped)} not implemented in the lab (upstream "
+                "changes the pods, e.g. tensorflow sets TF_CONFIG); the pods are created "
+                "without them",
+                warning=True,
+            )
+        for plugin in plugins.of(job):
+            try:
+                getattr(plugin, hook)(job, self)
+            except (ApiException, plugins.PluginError) as exc:
+                when = {"on_job_add": "add", "on_job_update": "update", "on_job_delete": "delete"}
+                self._event(
+                    job,
+                    "PluginError",
+                    f"Execute plugin when job {when[hook]} failed, err: {exc}",
+                    warning=True,
+                )
+                raise
+
     def _sync_pods(self, job: Obj, step: Step) -> None:
         status = job["status"]
         pods = self.pods_of(job)
@@ -364,7 +570,10 @@ class JobController:
                 name = apis.pod_name(job["metadata"]["name"], task["name"], index)
                 pod = pods.pop(name, None)
                 if pod is None:
-                    to_create.append(helpers.create_job_pod(job, task, index))
+                    pod = helpers.create_job_pod(job, task, index)
+                    for plugin in plugins.of(job):
+                        plugin.on_pod_create(pod, job)
+                    to_create.append(pod)
                     continue
                 if pod["metadata"].get("deletionTimestamp"):
                     terminating += 1
@@ -395,6 +604,7 @@ class JobController:
             "taskStatusCount": per_task,
             "conditions": status.get("conditions") or [],
             "retryCount": int(status.get("retryCount") or 0),
+            "controlledResources": status.get("controlledResources") or {},
         }
         if step.update is not None:
             step.update(job, new_status)
@@ -569,22 +779,22 @@ class JobController:
         status["taskStatusCount"] = per_task
         if step.update is not None and step.update(job, status):
             self._transition(status)
+        self._run_plugins(job, "on_job_delete")
         self._update_status(job)
         if to_kill:
             phase = (status.get("state") or {}).get("phase")
             self._event(job, "KillJob", f"deleted {len(to_kill)} pod(s); job {phase}")
-        if target is None:
-            try:
-                self.custom.delete_namespaced_custom_object(
-                    apis.SCHEDULING_GROUP,
-                    apis.SCHEDULING_VERSION,
-                    meta["namespace"],
-                    "podgroups",
-                    apis.pod_group_name(job),
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        try:  # the whole job or a target: the gang goes back through enqueue
+            self.custom.delete_namespaced_custom_object(
+                apis.SCHEDULING_GROUP,
+                apis.SCHEDULING_VERSION,
+                meta["namespace"],
+                "podgroups",
+                apis.pod_group_name(job),
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     # ---------------------------------------------------------------- run
 
@@ -609,5 +819,5 @@ class JobController:
 
 def _status_equal(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     keys = ("state", "pending", "running", "succeeded", "failed", "terminating", "unknown")
-    keys += ("version", "minAvailable", "taskStatusCount", "retryCount")
+    keys += ("version", "minAvailable", "taskStatusCount", "retryCount", "controlledResources")
     return all((old.get(k) or 0) == (new.get(k) or 0) for k in keys)

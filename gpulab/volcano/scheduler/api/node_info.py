@@ -4,8 +4,11 @@ Mirrors volcano-sh/volcano v1.15.1 ``pkg/scheduler/api/node_info.go``: ``NewNode
 (allocatable from ``status.allocatable``), ``AddTask`` / ``RemoveTask`` / ``UpdateTask``
 (a Releasing task still uses the node but its resources come back; a Pipelined task only
 books ``Pipelined``; a Binding task must fit ``Idle``), ``FutureIdle`` = Idle + Releasing
-- Pipelined, and ``Ready`` (the node's Ready condition and ``spec.unschedulable`` are
-left to the predicates; a node that is not Ready is left out of the snapshot).
+- Pipelined. ``setNodeState`` ignores the node's conditions ("because of
+taint/toleration"): a NotReady node is in the session and its GPUs count in the total
+(proportion's deserved and realCapability, overcommit's idle); what keeps pods off it
+are its taints (``node.kubernetes.io/not-ready``, ``unreachable``) and
+``spec.unschedulable``, which the predicates check.
 
 Lab differences: no oversubscription, revocable zones, shared-device registries (the
 HAMi vGPU resources are plain scalars here) or NUMA information.
@@ -25,11 +28,6 @@ Obj = Mapping[str, Any]
 
 class NodeError(Exception):
     pass
-
-
-def node_ready(node: Obj) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 @dataclass(eq=False)  # one object per node per session, compared by identity

@@ -205,6 +205,20 @@ class Resource:
                 short.append(name)
         return not short, short
 
+    def less_partly(self, other: Resource, default: int = ZERO) -> bool:
+        """LessPartly: some dimension of self is below ``other``'s (a scalar only ``other``
+        has counts as below it with the Zero default)."""
+        if self.milli_cpu < other.milli_cpu or self.memory < other.memory:
+            return True
+        if default == ZERO and any(name not in self.scalar for name in other.scalar):
+            return True
+        for name, lv in self.scalar.items():
+            if name not in other.scalar and default == INFINITY:
+                return True
+            if lv < other.scalar.get(name, 0.0):
+                return True
+        return False
+
     def less_equal_with_dimension(self, other: Resource, req: Resource) -> tuple[bool, list[str]]:
         """LessEqualWithDimensionAndResourcesName: compare only the dimensions ``req``
         asks for (``pods`` ignored), without tolerance."""
@@ -235,6 +249,13 @@ class Resource:
             elif v:
                 out[name] = format_quantity(Decimal(int(v)) / 1000)
         return out
+
+    def go_string(self) -> str:
+        """Resource.String() as upstream prints it: ``cpu 500.00, memory 0.00,
+        nvidia.com/gpu 4000.00`` (millicores, bytes, scalars in thousandths)."""
+        parts = [f"cpu {self.milli_cpu:0.2f}", f"memory {self.memory:0.2f}"]
+        parts.extend(f"{name} {self.scalar[name]:0.2f}" for name in sorted(self.scalar))
+        return ", ".join(parts)
 
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.to_list().items()) or "<none>"

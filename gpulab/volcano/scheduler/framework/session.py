@@ -263,7 +263,13 @@ class Session:
         self, kind: str, switch: str, evictor: TaskInfo, evictees: list[TaskInfo]
     ) -> list[TaskInfo]:
         """Reclaimable / Preemptable: within a tier, the intersection of every plugin's
-        victims; the first tier with victims decides; an empty answer ends the tier."""
+        victims; the first tier with victims decides; a plugin naming none sends the walk
+        to the next tier.
+
+        Lab difference: plugins whose victims do not intersect end the walk with none;
+        upstream's empty intersection is a nil slice, so the next tier decides
+        (volcano-sh/volcano#5964; docs/volcano.md). With the lab's tiers no plugin of
+        tier 2 names reclaim victims, so the two agree there."""
         for fns in self._tiers(kind, switch):
             victims: list[TaskInfo] | None = None
             for fn in fns:
