@@ -4,13 +4,14 @@
                         [--metrics-bind-address :8080] [--health-probe-bind-address :8081]
     gpulab nvidia-validator --component driver|toolkit|cuda|plugin [--output-dir DIR] ...
     gpulab gpu-feature-discovery [--oneshot] [--sleep-interval 60s] [--config-file FILE]
-    gpulab dcgm-exporter [-a :9400] [-f collectors.csv]
+    gpulab dcgm-exporter [-a :9400] [-f collectors.csv] [-k] [-r host:port]
     gpulab nvidia-mig-manager [--node-name N] [--config-file FILE]
 
 Flags take upstream's environment variables as defaults (OPERATOR_NAMESPACE, COMPONENT,
 WITH_WAIT, WITH_WORKLOAD, OUTPUT_DIR, NODE_NAME, GFD_SLEEP_INTERVAL, MIG_STRATEGY,
-DCGM_EXPORTER_LISTEN, DCGM_EXPORTER_COLLECTORS, CONFIG_FILE, DEFAULT_CONFIG_FILE ...), so
-the operand DaemonSets of manifests/gpu-operator/assets/ configure them as upstream's do.
+DCGM_EXPORTER_LISTEN, DCGM_EXPORTER_COLLECTORS, DCGM_EXPORTER_KUBERNETES, CONFIG_FILE,
+DEFAULT_CONFIG_FILE ...), so the operand DaemonSets of manifests/gpu-operator/assets/
+configure them as upstream's do.
 Each runs in-cluster as its ServiceAccount, or with --kubeconfig.
 """
 
@@ -110,7 +111,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     d.add_argument(
         "-f", "--collectors", type=Path, default=_env("DCGM_EXPORTER_COLLECTORS") or None
     )
-    d.add_argument("--node-name", default=_env("NODE_NAME"))
+    d.add_argument("-k", "--kubernetes", type=_bool, nargs="?", const=True,
+                   default=_bool(_env("DCGM_EXPORTER_KUBERNETES", "false")),
+                   help="Kubernetes mode: the Hostname label is $NODE_NAME")  # fmt: skip
+    d.add_argument("-r", "--remote-hostengine-info",
+                   default=_env("DCGM_REMOTE_HOSTENGINE_INFO") or None,
+                   help="the host engine to use (the lab reads NVML; names Hostname "
+                   "outside Kubernetes) [$DCGM_REMOTE_HOSTENGINE_INFO]")  # fmt: skip
     d.set_defaults(func=run_dcgm_exporter)
 
     m = sub.add_parser(
@@ -215,7 +222,8 @@ def run_dcgm_exporter(args: argparse.Namespace) -> int:
         reader.start()
     except reader.N.NVMLError as exc:
         raise CLIError(f"NVML init failed: {exc}; is the driver (the NVML shim) there?") from exc
-    server = dcgm.serve(dcgm.listen_address(args.address), counters, reader, args.node_name or "")
+    host = dcgm.hostname(args.kubernetes, args.remote_hostengine_info)
+    server = dcgm.serve(dcgm.listen_address(args.address), counters, reader, host)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     print(f"dcgm-exporter: serving /metrics on {args.address}", flush=True)
