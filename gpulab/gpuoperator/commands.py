@@ -5,12 +5,12 @@
     gpulab nvidia-validator --component driver|toolkit|cuda|plugin [--output-dir DIR] ...
     gpulab gpu-feature-discovery [--oneshot] [--sleep-interval 60s] [--config-file FILE]
     gpulab dcgm-exporter [-a :9400] [-f collectors.csv] [-k] [-r host:port]
-    gpulab nvidia-mig-manager [--node-name N] [--config-file FILE]
+    gpulab nvidia-mig-manager [--node-name N] [--config-file FILE] [--with-reboot]
 
 Flags take upstream's environment variables as defaults (OPERATOR_NAMESPACE, COMPONENT,
 WITH_WAIT, WITH_WORKLOAD, OUTPUT_DIR, NODE_NAME, GFD_SLEEP_INTERVAL, MIG_STRATEGY,
 DCGM_EXPORTER_LISTEN, DCGM_EXPORTER_COLLECTORS, DCGM_EXPORTER_KUBERNETES, CONFIG_FILE,
-DEFAULT_CONFIG_FILE ...), so the operand DaemonSets of manifests/gpu-operator/assets/
+DEFAULT_CONFIG_FILE, WITH_REBOOT ...), so the operand DaemonSets of manifests/gpu-operator/assets/
 configure them as upstream's do.
 Each runs in-cluster as its ServiceAccount, or with --kubeconfig.
 """
@@ -125,10 +125,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description=__doc__, formatter_class=fmt,
     )  # fmt: skip
     m.add_argument("-n", "--node-name", default=_env("NODE_NAME"))
-    m.add_argument("-f", "--config-file", type=Path,
-                   default=_env("CONFIG_FILE") or _env("DEFAULT_CONFIG_FILE") or None)  # fmt: skip
+    m.add_argument("-f", "--config-file", type=Path, default=_env("CONFIG_FILE") or None,
+                   help="the user's mig-parted config; without it the MIG manager builds "
+                   "one from the GPUs [$CONFIG_FILE]")  # fmt: skip
     m.add_argument("-p", "--default-gpu-clients-namespace",
                    default=_env("DEFAULT_GPU_CLIENTS_NAMESPACE", "default"))  # fmt: skip
+    m.add_argument("-r", "--with-reboot", type=_bool, nargs="?", const=True,
+                   default=_bool(_env("WITH_REBOOT", "false")),
+                   help="reboot if changing the MIG mode fails [$WITH_REBOOT]")  # fmt: skip
     m.add_argument("--kubeconfig", default=_env("KUBECONFIG") or None)
     m.set_defaults(func=run_mig_manager)
 
@@ -235,16 +239,23 @@ def run_dcgm_exporter(args: argparse.Namespace) -> int:
 
 def run_mig_manager(args: argparse.Namespace) -> int:
     from gpulab.gpuoperator import migmanager
+    from gpulab.kube import mounted
     from gpulab.trace import Tracer
 
     node = _need(args.node_name, "--node-name", "NODE_NAME")
-    if args.config_file is None:
-        raise CLIError(
-            "no mig-parted config: set --config-file ($CONFIG_FILE or $DEFAULT_CONFIG_FILE)"
-        )
+    default = _env("DEFAULT_CONFIG_FILE")  # read from the environment only, as upstream
+    opts = migmanager.Options(
+        node,
+        args.default_gpu_clients_namespace,
+        config_file=args.config_file,
+        default_config_file=Path(default) if default else None,
+        generated_config_file=Path(mounted(str(migmanager.GENERATED_CONFIG_FILE))),
+        pod_name=_env("POD_NAME"),
+        pod_namespace=_env("POD_NAMESPACE"),
+        with_reboot=args.with_reboot,
+    )
     api = _api(args.kubeconfig)
     tracer = Tracer("nvidia-mig-manager", api, instance=node)
-    opts = migmanager.Options(node, args.config_file, args.default_gpu_clients_namespace)
     try:
         migmanager.MigManager(api, opts, tracer).run(_stop_event())
     finally:
