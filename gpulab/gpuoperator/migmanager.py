@@ -289,7 +289,7 @@ def setup_mig_config(
         raise CLIError(
             f"failed to setup MIG config: failed to generate MIG config: {exc}"
         ) from None
-    path = opts.generated_config_file
+    path = opts.generated_config_file  # GENERATED_CONFIG_FILE, where the pod has it mounted
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     path.chmod(0o600)
@@ -298,11 +298,11 @@ def setup_mig_config(
         publish_node_configmap(core, opts, text)
     except (ApiException, ReconfigureError) as exc:
         why = exc if isinstance(exc, ReconfigureError) else f"{exc.status} {exc.reason}"
-        tracer.step("setupMigConfig", ref, f"Generated config {path}; Failed to create node "
-                    f"ConfigMap: {why}", warning=True)  # fmt: skip
+        tracer.step("setupMigConfig", ref, f"Generated config {GENERATED_CONFIG_FILE}; Failed "
+                    f"to create node ConfigMap: {why}", warning=True)  # fmt: skip
         return path
-    tracer.step("setupMigConfig", ref, f"Generated config {path} from the GPUs' MIG profiles; "
-                f"ConfigMap {opts.pod_namespace}/{name}")  # fmt: skip
+    tracer.step("setupMigConfig", ref, f"Generated config {GENERATED_CONFIG_FILE} from the "
+                f"GPUs' MIG profiles; ConfigMap {opts.pod_namespace}/{name}")  # fmt: skip
     return path
 
 
