@@ -596,7 +596,8 @@ class Reconfigure:
             for name in migparted.flatten(old.current):
                 self.nvml.create(gpu, gpu.profiles[name])
         calls = self.nvml.calls[start:]
-        self.step("restore", "the previous MIG layout is back: " + _summary(calls), calls=calls)
+        self.step("restore", "(lab: mig-parted would leave the GPUs as the failure left them) "
+                  "the previous MIG layout is back: " + _summary(calls), calls=calls)  # fmt: skip
 
     def restart_clients(self) -> None:
         """``restartKubernetesGPUClients``: sets NoRestartK8sDaemonsetsOnExit first."""
