@@ -6,9 +6,11 @@
     validator's markers (driver-ready, toolkit-ready ...) → device plugin Register /
     ListAndWatch → status.state ready
     dcgm-exporter /metrics (DCGM field names, read from NVML)
+    the MIG manager's config, built from the GPUs' MIG profiles: ConfigMap <node>-mig-config
     nvidia.com/mig.config=all-1g.10gb → MIG manager: state pending → GPU clients paused →
     nvmlDeviceSetMigMode / nvmlDeviceCreateGpuInstance / nvmlGpuInstanceCreateComputeInstance
-    → clients back → success → nvidia.com/mig-1g.10gb
+    → clients back → success → nvidia.com/mig-1g.10gb; dcgm-exporter now reports each MIG
+    device (GPU_I_PROFILE, GPU_I_ID), no whole-GPU row
     an unknown MIG config → failed, with the reason
     devicePlugin.enabled: false → the DaemonSet is deleted → the GPUs leave allocatable
 
@@ -23,6 +25,7 @@ import datetime as dt
 import threading
 from typing import Any
 
+import httpx
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -35,6 +38,7 @@ from gpulab.fakegpu.render import BOARDS
 from gpulab.gpuoperator import api as cp
 from gpulab.gpuoperator import migparted
 from gpulab.gpuoperator import nodelabels as nl
+from gpulab.gpuoperator.migmanager import node_configmap_name
 from gpulab.informer import NODES, Handlers, Informer, ListWatch
 from gpulab.wait import wait_for
 from harness.apply import MANIFESTS
@@ -43,8 +47,8 @@ from harness.spec import ClusterSpec
 
 NAMESPACE = "gpu-operator"
 POLICY_FILE = MANIFESTS / "gpu-operator/samples/clusterpolicy.yaml"
-MIG_PARTED = MANIFESTS / "gpu-operator/assets/state-mig-manager/0400_configmap.yaml"
 MIG_NODE = "gpu-a100"
+MIG_NODE_CONFIGMAP = node_configmap_name(MIG_NODE)
 MIG_CONFIG = "all-1g.10gb"
 BAD_MIG_CONFIG = "all-bogus"
 DEVICE_PLUGIN_DS = "nvidia-device-plugin-daemonset"
@@ -135,10 +139,9 @@ def _policy(custom: client.CustomObjectsApi, name: str) -> dict[str, Any] | None
         raise
 
 
-def expected_mig_devices(node_profile: str, config: str) -> dict[str, int]:
-    """What the node should advertise after ``config``: the shipped mig-parted entry for
-    the node's boards (the same device filters the MIG manager applies)."""
-    text = yaml.safe_load(MIG_PARTED.read_text())["data"]["config.yaml"]
+def expected_mig_devices(node_profile: str, config_yaml: str, config: str) -> dict[str, int]:
+    """What the node should advertise after ``config`` of the MIG manager's config file:
+    the rows for the node's boards (the same device filters the MIG manager applies)."""
     profile = profiles.load(node_profile)
     gpus = [
         migparted.Gpu(
@@ -148,11 +151,26 @@ def expected_mig_devices(node_profile: str, config: str) -> dict[str, int]:
     ]
     out: dict[str, int] = {}
     for target in migparted.layout(
-        migparted.select(migparted.parse_spec(text), config), gpus
+        migparted.select(migparted.parse_spec(config_yaml), config), gpus
     ).values():
         for name, count in target.devices.items():
             out[f"nvidia.com/mig-{name}"] = out.get(f"nvidia.com/mig-{name}", 0) + count
     return out
+
+
+def _generated_config(core: client.CoreV1Api) -> str:
+    """The MIG manager's config for MIG_NODE: it builds it from the GPUs at its start."""
+
+    def read() -> str | None:
+        try:
+            cm = core.read_namespaced_config_map(MIG_NODE_CONFIGMAP, NAMESPACE)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return (cm.data or {}).get("config.yaml")
+
+    return wait_for(read, 60, f"ConfigMap {NAMESPACE}/{MIG_NODE_CONFIGMAP}", 0.5)
 
 
 def reset(api: client.ApiClient, gpu_nodes: list[str]) -> None:
@@ -209,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         policy = _create_policy(api, core, spec, live)
         _metrics(backend)
         _mig(api, core, spec, live)
+        _mig_metrics(backend)
         _bad_mig_config(api, core, live)
         _disable_device_plugin(api, core, spec, policy)
     diagram = getattr(args, "diagram", None)
@@ -284,7 +303,16 @@ def _mig(
     api: client.ApiClient, core: client.CoreV1Api, spec: ClusterSpec, live: OperatorTrace
 ) -> None:
     node_spec = next(n for n in spec.nodes if n.name == MIG_NODE)
-    want = expected_mig_devices(node_spec.profile or "", MIG_CONFIG)
+    text = _generated_config(core)
+    names = list(migparted.parse_spec(text).mig_configs)
+    say(f"the MIG manager on {MIG_NODE} built its mig-parted config from the GPUs' own MIG "
+        f"profiles: ConfigMap {NAMESPACE}/{MIG_NODE_CONFIGMAP}")  # fmt: skip
+    console.print(f"    {', '.join(names)}")
+    console.print(
+        f"    (the operator's {cp.MIG_PARTED_DEFAULT_CONFIGMAP} is only its fallback, for GPUs "
+        "NVML lists no MIG profile of)"
+    )
+    want = expected_mig_devices(node_spec.profile or "", text, MIG_CONFIG)
     keys = (nl.MIG_CONFIG_STATE_LABEL, nl.DEPLOY_PREFIX + "device-plugin")
     labels = NodeLabels(api, MIG_NODE, keys)
     labels.informer.start()
@@ -321,9 +349,36 @@ def _mig(
     )
 
 
+def _mig_metrics(backend: Backend) -> None:
+    """dcgm-exporter on the MIG node (-d f): one row per MIG device, none per GPU. The
+    Service balances scrapes over the nodes' exporters; each answer names its Hostname."""
+    say(f"GET /metrics from the nvidia-dcgm-exporter Service until {MIG_NODE}'s exporter "
+        "answers (restarted after the MIG change)")  # fmt: skip
+    host = f'Hostname="{MIG_NODE}"'
+
+    def from_mig_node() -> list[str] | None:
+        try:
+            text = backend.service_get(NAMESPACE, "nvidia-dcgm-exporter", "gpu-metrics", "/metrics")
+        except (httpx.HTTPError, ApiException):
+            return None  # no exporter Ready behind the Service yet
+        rows = [x for x in text.splitlines() if x.startswith("DCGM_") and host in x]
+        return rows if any("GPU_I_ID" in r for r in rows) else None
+
+    rows = wait_for(from_mig_node, READY_TIMEOUT, f"{MIG_NODE}'s dcgm-exporter", 0.5)
+    whole = [r for r in rows if "GPU_I_ID" not in r]
+    if whole:
+        raise DemoFailed(f"{MIG_NODE} has MIG devices but dcgm-exporter reports whole GPUs:\n"
+                         + "\n".join(whole[:3]))  # fmt: skip
+    for line in [r for r in rows if r.startswith("DCGM_FI_DEV_FB_FREE") and 'gpu="0"' in r]:
+        console.print(f"    {line}")
+    ok(f"{len(rows)} rows from {MIG_NODE}, every one a MIG device's (GPU_I_PROFILE, GPU_I_ID): "
+       "a GPU with MIG devices is seen only through them")  # fmt: skip
+
+
 def _bad_mig_config(api: client.ApiClient, core: client.CoreV1Api, live: OperatorTrace) -> None:
     before = _allocatable(core, MIG_NODE)
-    say(f"label {MIG_NODE} {nl.MIG_CONFIG_LABEL}={BAD_MIG_CONFIG} (no such mig-parted config)")
+    say(f"label {MIG_NODE} {nl.MIG_CONFIG_LABEL}={BAD_MIG_CONFIG} (no such config in "
+        f"{MIG_NODE_CONFIGMAP})")  # fmt: skip
     since = dt.datetime.now(dt.UTC)
     core.patch_node(MIG_NODE, {"metadata": {"labels": {nl.MIG_CONFIG_LABEL: BAD_MIG_CONFIG}}})
 

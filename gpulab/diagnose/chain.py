@@ -30,7 +30,8 @@ Events and conditions, Kueue v0.19.2 (``kueue.x-k8s.io/v1beta2``), Volcano v1.15
 (``scheduling.volcano.sh/v1beta1``), scheduler-plugins v0.35.4 Coscheduling
 (``scheduling.x-k8s.io/v1alpha1``), HAMi v2.10.0 annotations, k8s-device-plugin v0.20.0
 and NVIDIA mig-parted v0.15.0's ``nvidia.com/mig.config`` / ``mig.config.state`` labels
-with gpu-operator v26.7.0's ``default-mig-parted-config`` and operand labels.
+with the config the MIG manager built (``<node>-mig-config``, else gpu-operator v26.7.0's
+``default-mig-parted-config``) and operand labels.
 
 A link is ``ok``, ``broken`` (the chain stops here), ``waiting`` (in progress, nothing is
 wrong yet), ``blocked`` (this step decided rightly; the cause is further down the chain),
@@ -80,6 +81,7 @@ from gpulab.framework.predicates import (
 )
 from gpulab.framework.resources import is_extended_resource_name, pod_request, pod_requests
 from gpulab.framework.snapshot import new_snapshot
+from gpulab.gpuoperator.migmanager import node_configmap_name
 
 OK, BROKEN, WAITING, BLOCKED, SKIPPED = "ok", "broken", "waiting", "blocked", "skipped"
 
@@ -1628,13 +1630,14 @@ def mig_link(objs: ObjectSet, node: Obj) -> Link:
         f"{MIG_STATE}={state or '-'}",
         f"{MIG_STRATEGY}={lab.get(MIG_STRATEGY, '-')}",
     ]
-    configs = _mig_configs(objs)
+    source = _mig_config_map(objs, name_of(node))
+    configs = _mig_configs(source)
     if configs is not None and wanted not in configs:
         near = difflib.get_close_matches(wanted, sorted(configs), n=3, cutoff=0.5)
         return Link(
             "mig",
             BROKEN,
-            f"{MIG_CONFIG}={wanted} names no config in ConfigMap {MIG_PARTED_CONFIGMAP}",
+            f"{MIG_CONFIG}={wanted} names no config in ConfigMap {name_of(source or {})}",
             [*evidence, f"{len(configs)} configs; the closest: {', '.join(near) or '-'}"],
             fix=f"set {MIG_CONFIG} to a config of the ConfigMap"
             + (f" (did you mean {near[0]}?)" if near else ""),
@@ -1699,7 +1702,7 @@ def mig_side(objs: ObjectSet, node: Obj, resource: str) -> Link | None:
     product = labels(node).get(GPU_PRODUCT, "")
     evidence = [*mig.evidence, f"{GPU_PRODUCT}={product or '-'}", node_summary(objs, node, GPU)]
     offered = product.rpartition("-MIG-")[2] if "-MIG-" in product else ""
-    if profile in _layout_profiles(objs, labels(node)[MIG_CONFIG]):
+    if profile in _layout_profiles(_mig_config_map(objs, name), labels(node)[MIG_CONFIG]):
         unmanaged = [
             p
             for p in plugin_pods(objs, name)
@@ -1755,9 +1758,11 @@ def mig_side(objs: ObjectSet, node: Obj, resource: str) -> Link | None:
 
 def _stale_plugin(node: Obj, plugin: Obj, evidence: list[str]) -> Link:
     """The node's layout has the asked profile, yet a device plugin the GPU Operator did
-    not deploy runs there. The MIG manager pauses only the operator's GPU clients (their
+    not deploy runs there. The MIG manager pauses the operator's GPU clients (their
     ``nvidia.com/gpu.deploy.*`` labels) around a change; this plugin kept the devices it
-    listed at its start (it reads NVML once) until someone restarts it."""
+    listed at its start (it reads NVML once) until someone restarts it. (The MIG manager
+    also pauses any DaemonSet whose pods select ``nvidia.com/gpu.deploy.client``, a label
+    the operator sets on GPU nodes: the way to have a third-party plugin paused.)"""
     name, config = name_of(node), labels(node)[MIG_CONFIG]
     return Link(
         "node",
@@ -1771,16 +1776,23 @@ def _stale_plugin(node: Obj, plugin: Obj, evidence: list[str]) -> Link:
             f"app.kubernetes.io/managed-by={OPERATOR_MANAGED_BY}; its config "
             f"{DP_CONFIG_LABEL}={labels(node).get(DP_CONFIG_LABEL, 'default')}",
         ],
-        fix=f"restart it (`kubectl -n {ns_of(plugin)} delete pod {name_of(plugin)}`) after "
-        "every MIG change, or let the GPU Operator deploy the device plugin on the node "
-        "(nvidia.com/gpu.deploy.device-plugin=true) so the MIG manager pauses it",
+        fix=f"restart it (`kubectl -n {ns_of(plugin)} delete pod {name_of(plugin)}`); for "
+        "good, give its DaemonSet the nodeSelector nvidia.com/gpu.deploy.client=true (the MIG "
+        "manager pauses such DaemonSets around a change), or let the GPU Operator deploy the "
+        "device plugin on the node (nvidia.com/gpu.deploy.device-plugin=true)",
     )
 
 
-def _layout_profiles(objs: ObjectSet, config: str) -> set[str]:
+def _mig_config_map(objs: ObjectSet, node: str) -> Obj | None:
+    """The mig-parted config the node's MIG manager reads: the one it built from the
+    node's GPUs (``<node>-mig-config``), else the operator's default (its fallback)."""
+    own = next((c for c in objs.configmaps if name_of(c) == node_configmap_name(node)), None)
+    return own or next((c for c in objs.configmaps if name_of(c) == MIG_PARTED_CONFIGMAP), None)
+
+
+def _layout_profiles(cm: Obj | None, config: str) -> set[str]:
     """The MIG profiles the mig-parted config ``config`` creates on some GPU (any of its
     rows: the rows' device filters are not matched against the node's boards)."""
-    cm = next((c for c in objs.configmaps if name_of(c) == MIG_PARTED_CONFIGMAP), None)
     out: set[str] = set()
     for text in ((cm or {}).get("data") or {}).values():
         try:
@@ -1794,8 +1806,7 @@ def _layout_profiles(objs: ObjectSet, config: str) -> set[str]:
     return out
 
 
-def _mig_configs(objs: ObjectSet) -> set[str] | None:
-    cm = next((c for c in objs.configmaps if name_of(c) == MIG_PARTED_CONFIGMAP), None)
+def _mig_configs(cm: Obj | None) -> set[str] | None:
     if cm is None:
         return None
     names: set[str] = set()

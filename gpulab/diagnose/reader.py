@@ -17,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpulab.diagnose.objects import Obj, ObjectSet, Target
+from gpulab.gpuoperator.migmanager import NODE_CONFIGMAP_LABELS
 
 PROBE_TIMEOUT = 2.0
 # (ObjectSet field, group, version, plural, namespaced)
@@ -82,15 +83,26 @@ def read(api: client.ApiClient, target: Target) -> ObjectSet:
     objs.validating_webhooks = _items(api, adm.list_validating_webhook_configuration) or []
     coord = client.CoordinationV1Api(api)
     objs.leases = _items(api, lambda: coord.list_namespaced_lease("kube-system")) or []
+    # the MIG manager's configs: the operator's default and each node's <node>-mig-config
     objs.configmaps = [
-        c
-        for c in _items(
-            api,
-            lambda: core.list_config_map_for_all_namespaces(
-                field_selector=f"metadata.name={MIG_PARTED_CONFIGMAP}"
-            ),
-        )
-        or []
+        *(
+            _items(
+                api,
+                lambda: core.list_config_map_for_all_namespaces(
+                    field_selector=f"metadata.name={MIG_PARTED_CONFIGMAP}"
+                ),
+            )
+            or []
+        ),
+        *(
+            _items(
+                api,
+                lambda: core.list_config_map_for_all_namespaces(
+                    label_selector=",".join(f"{k}={v}" for k, v in NODE_CONFIGMAP_LABELS.items())
+                ),
+            )
+            or []
+        ),
     ]
     custom = client.CustomObjectsApi(api)
     for attr, group, version, plural, namespaced in CUSTOM:

@@ -4,13 +4,14 @@
                         [--metrics-bind-address :8080] [--health-probe-bind-address :8081]
     gpulab nvidia-validator --component driver|toolkit|cuda|plugin [--output-dir DIR] ...
     gpulab gpu-feature-discovery [--oneshot] [--sleep-interval 60s] [--config-file FILE]
-    gpulab dcgm-exporter [-a :9400] [-f collectors.csv]
-    gpulab nvidia-mig-manager [--node-name N] [--config-file FILE]
+    gpulab dcgm-exporter [-a :9400] [-f collectors.csv] [-k] [-r host:port]
+    gpulab nvidia-mig-manager [--node-name N] [--config-file FILE] [--with-reboot]
 
 Flags take upstream's environment variables as defaults (OPERATOR_NAMESPACE, COMPONENT,
 WITH_WAIT, WITH_WORKLOAD, OUTPUT_DIR, NODE_NAME, GFD_SLEEP_INTERVAL, MIG_STRATEGY,
-DCGM_EXPORTER_LISTEN, DCGM_EXPORTER_COLLECTORS, CONFIG_FILE, DEFAULT_CONFIG_FILE ...), so
-the operand DaemonSets of manifests/gpu-operator/assets/ configure them as upstream's do.
+DCGM_EXPORTER_LISTEN, DCGM_EXPORTER_COLLECTORS, DCGM_EXPORTER_KUBERNETES, CONFIG_FILE,
+DEFAULT_CONFIG_FILE, WITH_REBOOT ...), so the operand DaemonSets of manifests/gpu-operator/assets/
+configure them as upstream's do.
 Each runs in-cluster as its ServiceAccount, or with --kubeconfig.
 """
 
@@ -110,7 +111,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     d.add_argument(
         "-f", "--collectors", type=Path, default=_env("DCGM_EXPORTER_COLLECTORS") or None
     )
-    d.add_argument("--node-name", default=_env("NODE_NAME"))
+    d.add_argument("-k", "--kubernetes", type=_bool, nargs="?", const=True,
+                   default=_bool(_env("DCGM_EXPORTER_KUBERNETES", "false")),
+                   help="Kubernetes mode: the Hostname label is $NODE_NAME")  # fmt: skip
+    d.add_argument("-r", "--remote-hostengine-info",
+                   default=_env("DCGM_REMOTE_HOSTENGINE_INFO") or None,
+                   help="the host engine to use (the lab reads NVML; names Hostname "
+                   "outside Kubernetes) [$DCGM_REMOTE_HOSTENGINE_INFO]")  # fmt: skip
     d.set_defaults(func=run_dcgm_exporter)
 
     m = sub.add_parser(
@@ -118,10 +125,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description=__doc__, formatter_class=fmt,
     )  # fmt: skip
     m.add_argument("-n", "--node-name", default=_env("NODE_NAME"))
-    m.add_argument("-f", "--config-file", type=Path,
-                   default=_env("CONFIG_FILE") or _env("DEFAULT_CONFIG_FILE") or None)  # fmt: skip
+    m.add_argument("-f", "--config-file", type=Path, default=_env("CONFIG_FILE") or None,
+                   help="the user's mig-parted config; without it the MIG manager builds "
+                   "one from the GPUs [$CONFIG_FILE]")  # fmt: skip
     m.add_argument("-p", "--default-gpu-clients-namespace",
                    default=_env("DEFAULT_GPU_CLIENTS_NAMESPACE", "default"))  # fmt: skip
+    m.add_argument("-r", "--with-reboot", type=_bool, nargs="?", const=True,
+                   default=_bool(_env("WITH_REBOOT", "false")),
+                   help="reboot if changing the MIG mode fails [$WITH_REBOOT]")  # fmt: skip
     m.add_argument("--kubeconfig", default=_env("KUBECONFIG") or None)
     m.set_defaults(func=run_mig_manager)
 
@@ -215,7 +226,8 @@ def run_dcgm_exporter(args: argparse.Namespace) -> int:
         reader.start()
     except reader.N.NVMLError as exc:
         raise CLIError(f"NVML init failed: {exc}; is the driver (the NVML shim) there?") from exc
-    server = dcgm.serve(dcgm.listen_address(args.address), counters, reader, args.node_name or "")
+    host = dcgm.hostname(args.kubernetes, args.remote_hostengine_info)
+    server = dcgm.serve(dcgm.listen_address(args.address), counters, reader, host)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     print(f"dcgm-exporter: serving /metrics on {args.address}", flush=True)
@@ -227,16 +239,23 @@ def run_dcgm_exporter(args: argparse.Namespace) -> int:
 
 def run_mig_manager(args: argparse.Namespace) -> int:
     from gpulab.gpuoperator import migmanager
+    from gpulab.kube import mounted
     from gpulab.trace import Tracer
 
     node = _need(args.node_name, "--node-name", "NODE_NAME")
-    if args.config_file is None:
-        raise CLIError(
-            "no mig-parted config: set --config-file ($CONFIG_FILE or $DEFAULT_CONFIG_FILE)"
-        )
+    default = _env("DEFAULT_CONFIG_FILE")  # read from the environment only, as upstream
+    opts = migmanager.Options(
+        node,
+        args.default_gpu_clients_namespace,
+        config_file=args.config_file,
+        default_config_file=Path(default) if default else None,
+        generated_config_file=Path(mounted(str(migmanager.GENERATED_CONFIG_FILE))),
+        pod_name=_env("POD_NAME"),
+        pod_namespace=_env("POD_NAMESPACE"),
+        with_reboot=args.with_reboot,
+    )
     api = _api(args.kubeconfig)
     tracer = Tracer("nvidia-mig-manager", api, instance=node)
-    opts = migmanager.Options(node, args.config_file, args.default_gpu_clients_namespace)
     try:
         migmanager.MigManager(api, opts, tracer).run(_stop_event())
     finally:

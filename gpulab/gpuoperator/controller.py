@@ -202,6 +202,7 @@ class ClusterPolicyReconciler:
         metrics: OperatorMetrics,
     ) -> None:
         self.api = api_client
+        self.custom = client.CustomObjectsApi(api_client)  # the status writes
         self.namespace = namespace
         self.image = image
         self.tracer = tracer
@@ -366,7 +367,7 @@ class ClusterPolicyReconciler:
     def _update_status(self, name: str, state: str, condition: tuple[str, str, str] | None) -> None:
         """``updateCRState`` + ``SetConditionsReady``/``SetConditionsError``: read the
         latest, change what differs, PUT the status subresource; retried on a conflict."""
-        custom = client.CustomObjectsApi(self.api)
+        custom = self.custom
 
         def write() -> None:
             current = custom.get_cluster_custom_object(

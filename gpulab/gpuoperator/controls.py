@@ -8,7 +8,8 @@ when it changed, and reports ``ready``; a DaemonSet is created only once there a
 nodes, is compared by its ``nvidia.com/last-applied-hash`` (``isDaemonsetSpecChanged``;
 an update reports ``notReady``) and is as ready as ``isDaemonSetReady`` says; the
 default mig-parted and GPU-clients ConfigMaps are left out when the ClusterPolicy names
-custom ones. ``resource_manager.go``'s ``addResourcesControls`` becomes
+custom ones; the ``nvidia-cdi`` and ``nvidia-legacy`` RuntimeClasses exist only while CDI
+is enabled. ``resource_manager.go``'s ``addResourcesControls`` becomes
 :func:`add_resources_controls`.
 
 Deliberate differences: reads come from the informers' caches (controller-runtime's
@@ -127,6 +128,15 @@ def object_control(
                 cluster.delete(kind, ns, name)
                 observe("deleted", kind, current)
             return api.DISABLED
+        if (
+            kind == "RuntimeClass"
+            and name in render.CDI_RUNTIME_CLASSES
+            and not api.enabled(n.spec, "cdi")
+        ):  # RuntimeClasses: these two exist only while CDI is enabled
+            if current is not None:
+                cluster.delete(kind, ns, name)
+                observe("deleted", kind, current)
+            return api.READY
         if kind == "DaemonSet" and not n.has_gpu_nodes:
             return api.READY  # "No GPU node in the cluster, do not create DaemonSets"
         if kind == "ConfigMap" and _custom_configmap_wins(name, n.spec):

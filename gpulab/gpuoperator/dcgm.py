@@ -1,11 +1,19 @@
 """``gpulab dcgm-exporter``: Prometheus metrics per GPU with DCGM's field names, from NVML.
 
-Mirrors NVIDIA dcgm-exporter 4.5.3-4.8.2: the counters of ``etc/default-counters.csv``
+Mirrors NVIDIA dcgm-exporter 4.5.3-4.8.2 (the newest tag readable here; gpu-operator
+v26.7.0 names 4.6.0-4.8.3): the counters of ``etc/default-counters.csv``
 (``DEFAULT_COUNTERS``: field, Prometheus type, help; ``label`` fields become labels on
-every metric), the collectors CSV format (``-f``/``DCGM_EXPORTER_COLLECTORS``), the
-listen address (``-a``/``DCGM_EXPORTER_LISTEN``, default ``:9400``), ``/metrics`` and
-``/health``, and the exposition of ``internal/pkg/rendermetrics/render_metrics.go``
-(one line per GPU; wrapped here)::
+every metric); the collectors CSV as ``internal/pkg/counters`` reads it
+(``ReadCSVFile``, ``ExtractCounters``: ``#`` comment lines, exactly 3 fields, each name
+looked up in go-dcgm's field table - ``dcgm_fields.yaml`` - or among the exporter's own
+``DCGM_EXP_*`` counters, profiling fields skipped where the GPU has no profiling module);
+the listen address (``-a``/``DCGM_EXPORTER_LISTEN``, default ``:9400``), ``/metrics`` and
+``/health``; the entities ``-d f`` (the default) monitors
+(``devicemonitoring.monitorAllGPUInstances(addFlexibly=true)``: a GPU without GPU
+instances is one entity, a GPU with instances is one entity per instance and no row of
+its own); the ``Hostname`` label (``hostname.GetHostname``: under ``-k`` the NODE_NAME
+environment variable, else the host's name); and the exposition of
+``internal/pkg/rendermetrics/render_metrics.go`` (one line per entity; wrapped here)::
 
     # HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
     # TYPE DCGM_FI_DEV_GPU_TEMP gauge
@@ -13,30 +21,39 @@ listen address (``-a``/``DCGM_EXPORTER_LISTEN``, default ``:9400``), ``/metrics`
       device="nvidia0",modelName="NVIDIA A100-SXM4-40GB",Hostname="gpu-a100",
       DCGM_FI_DRIVER_VERSION="550.54.15"} 30
 
-A MIG-enabled GPU's framebuffer fields are also reported per GPU instance, with
-``GPU_I_PROFILE`` and ``GPU_I_ID``.
+An instance's line adds ``GPU_I_PROFILE`` and ``GPU_I_ID`` (the parent GPU's gpu, UUID
+and device stay).
 
 Deliberate differences: the values come from NVML through the shim (DCGM reads the same
 counters from the driver): fields NVML does not answer on the board (clocks, power,
-PCIe replays, profiling metrics ...) are left out, as dcgm-exporter leaves out fields
-DCGM has no value for; ``DCGM_FI_DEV_XID_ERRORS`` is the last Xid NVML's event API
-delivered since the exporter started; ``Hostname`` is the node's name (upstream: the
-container's hostname; the lab's pods share the machine's); metrics are read at each
-scrape (upstream: every collect interval, 30 s); no pod/container labels (no kubelet
-pod-resources API in the lab).
+PCIe replays ...) are left out, as dcgm-exporter leaves out fields DCGM has no value for,
+and the lab's "DCGM" has no profiling module; on an instance's line the device-wide
+fields (temperature, Xid, driver version) are its GPU's, the framebuffer ones the
+instance's, and utilisation is left out (NVML has none per MIG device);
+``DCGM_FI_DEV_XID_ERRORS`` is the last Xid NVML's event API delivered since the exporter
+started, without upstream's ``err_code``/``err_msg`` labels; the ``DCGM_EXP_*`` counters
+are accepted but not served; metrics are read at each scrape (upstream: every collect
+interval, 30 s); no pod/container labels (no kubelet pod-resources API in the lab).
 """
 
 from __future__ import annotations
 
-import csv
+import functools
 import http.server
-import io
+import logging
+import os
+import socket
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpulab.errors import CLIError
+
+_log = logging.getLogger("gpulab.gpuoperator.dcgm")
 
 # etc/default-counters.csv: (field, type, help), uncommented entries, in file order
 DEFAULT_COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -77,8 +94,18 @@ DEFAULT_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "The rate of data received over the PCIe bus - including both protocol headers and "
      "data payloads - in bytes per second."),
 )  # fmt: skip
-PROM_TYPES = ("gauge", "counter", "histogram", "summary", "label")
-# the fields NVML answers on the lab's boards, and what per-MIG-instance rows carry
+PROM_TYPES = ("gauge", "counter", "histogram", "summary", "label")  # promMetricType
+FIELDS_FILE = Path(__file__).with_name("dcgm_fields.yaml")
+# the exporter's own counters (internal/pkg/counters/const.go), found when go-dcgm has no
+# field of the name
+EXPORTER_FIELDS = (
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "DCGM_EXP_CLOCK_EVENTS_COUNT",
+    "DCGM_EXP_GPU_HEALTH_STATUS",
+    "DCGM_EXP_P2P_STATUS",
+)
+DCP_FIELDS = range(1000, 1100)  # dcpFieldsStart .. cpuFieldsStart: the profiling fields
+# the fields NVML answers on the lab's boards
 READABLE = {
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_GPU_UTIL",
@@ -89,19 +116,13 @@ READABLE = {
     "DCGM_FI_DEV_FB_RESERVED",
     "DCGM_FI_DRIVER_VERSION",
 }
-PER_INSTANCE = {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
-# every DCGM field a collectors file may name (dcgm-exporter refuses unknown ones)
-KNOWN_FIELDS = {name for name, _t, _h in DEFAULT_COUNTERS} | {
-    "DCGM_FI_NVML_VERSION",
-    "DCGM_FI_DEV_BRAND",
-    "DCGM_FI_DEV_SERIAL",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_POWER_VIOLATION",
-    "DCGM_FI_DEV_THERMAL_VIOLATION",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_PROF_SM_OCCUPANCY",
-}
+
+
+@functools.cache
+def field_ids() -> dict[str, int]:
+    """go-dcgm's ``GetFieldID`` table: the current names, then the legacy ones."""
+    table = yaml.safe_load(FIELDS_FILE.read_text())
+    return {**table["legacy"], **table["current"]}
 
 
 @dataclass(frozen=True)
@@ -115,21 +136,95 @@ def default_counters() -> list[Counter]:
     return [Counter(*c) for c in DEFAULT_COUNTERS]
 
 
+def _fields(line: str, n: int) -> list[str]:
+    """One line split as Go's csv.Reader splits it (``LazyQuotes`` off): a field is
+    quoted from its first character on (``""`` a quote inside), or has no quote at all."""
+    fields, i = [], 0
+    while True:
+        if line.startswith('"', i):
+            parts, j = [], i + 1
+            while True:
+                k = line.find('"', j)
+                if k < 0:
+                    raise CLIError(  # Go counts the newline it read looking for the quote
+                        f"parse error on line {n}, column {len(line) + 2}: extraneous or "
+                        'missing " in quoted-field'
+                    )
+                parts.append(line[j:k])
+                if not line.startswith('"', k + 1):
+                    break
+                parts.append('"')
+                j = k + 2
+            fields.append("".join(parts))
+            i = k + 1
+            if i == len(line):
+                return fields
+            if line[i] != ",":
+                raise CLIError(  # the column of the closing quote
+                    f'parse error on line {n}, column {i}: extraneous or missing " in quoted-field'
+                )
+        else:
+            k = line.find(",", i)
+            field = line[i:] if k < 0 else line[i:k]
+            if '"' in field:
+                column = i + field.index('"') + 1
+                raise CLIError(
+                    f'parse error on line {n}, column {column}: bare " in non-quoted-field'
+                )
+            fields.append(field)
+            if k < 0:
+                return fields
+            i = k
+        i += 1  # past the comma
+
+
+def _records(text: str) -> list[list[str]]:
+    """``ReadCSVFile``: Go's csv.Reader with ``Comment = '#'`` - lines starting with ``#``
+    and empty lines skipped, every record as many fields as the first."""
+    records: list[tuple[int, list[str]]] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if line and not line.startswith("#"):
+            records.append((n, _fields(line, n)))
+    if records:
+        width = len(records[0][1])
+        for n, record in records:
+            if len(record) != width:
+                raise CLIError(f"record on line {n}: wrong number of fields")
+    return [record for _n, record in records]
+
+
 def parse_counters(text: str, source: str = "collectors file") -> list[Counter]:
-    """A collectors CSV (``# comment`` lines; ``field, type, help``) - dcgm-exporter's
-    ``ExtractCounters``; an unknown field or type names the line."""
+    """``ExtractCounters``: each record ``field, type, help`` (exactly three, spaces
+    trimmed); a name go-dcgm does not know must be one of the exporter's counters; a
+    profiling field is skipped (no profiling module); the type must be Prometheus'."""
     out = []
-    for n, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not row or not "".join(row).strip() or row[0].strip().startswith("#"):
+    try:
+        records = _records(text)
+    except CLIError as exc:
+        raise CLIError(f"{source}: {exc}") from None
+    for i, raw in enumerate(records):
+        record = [r.strip(" ") for r in raw]
+        if len(record) != 3:
+            raise CLIError(
+                f"{source}: malformed CSV record; err: failed to parse line {i} "
+                f"(`[{' '.join(record)}]`), expected 3 fields"
+            )
+        name, prom_type, help_text = record
+        field_id = field_ids().get(name)
+        if field_id is None:
+            if name not in EXPORTER_FIELDS:
+                raise CLIError(
+                    f"{source}: could not find DCGM field; err: unknown ExporterCounter "
+                    f"field '{name}'"
+                )
+            out.append(Counter(name, prom_type, help_text))
             continue
-        if len(row) < 3:
-            raise CLIError(f"{source}: line {n}: expected 'field, type, help'")
-        name, prom_type = row[0].strip(), row[1].strip()
-        if name not in KNOWN_FIELDS:
-            raise CLIError(f"{source}: line {n}: unknown DCGM field {name!r}")
+        if field_id in DCP_FIELDS:
+            _log.warning("Skipping line %d ('%s'): metric not enabled", i, name)
+            continue
         if prom_type not in PROM_TYPES:
-            raise CLIError(f"{source}: line {n}: unknown metric type {prom_type!r}")
-        out.append(Counter(name, prom_type, ",".join(row[2:]).strip()))
+            raise CLIError(f"{source}: could not find Prometheus metric type '{prom_type}'")
+        out.append(Counter(name, prom_type, help_text))
     return out
 
 
@@ -140,7 +235,7 @@ class Entity:
     gpu: int
     uuid: str
     pci_bus_id: str
-    device: str  # "nvidia<minor>"
+    device: str  # "nvidia<GPU index>"
     model: str
     mig_profile: str = ""
     gpu_instance_id: int = 0
@@ -184,7 +279,9 @@ def render(counters: Sequence[Counter], samples: Sequence[Sample], hostname: str
             f"# TYPE {counter.field} {counter.prom_type}",
         ]
         for s in rows:
-            extra = {f: str(s.values[f]) for f in label_fields if s.values.get(f) is not None}
+            extra = {  # a Go template ranges over a map in key order
+                f: str(s.values[f]) for f in sorted(label_fields) if s.values.get(f) is not None
+            }
             lines.append(
                 f"{counter.field}{{{_labels(s.entity, hostname, extra)}}} {s.values[counter.field]}"
             )
@@ -235,6 +332,8 @@ class Reader:
             return None
 
     def samples(self) -> list[Sample]:
+        """One sample per monitored entity (``-d f``): a GPU with MIG devices is seen
+        through them, one sample each; a GPU without any is a sample of its own."""
         N = self.N
         driver = N.nvmlSystemGetDriverVersion()
         out = []
@@ -244,35 +343,41 @@ class Reader:
                 gpu=index,
                 uuid=N.nvmlDeviceGetUUID(h),
                 pci_bus_id=N.nvmlDeviceGetPciInfo(h).busId,
-                device=f"nvidia{N.nvmlDeviceGetMinorNumber(h)}",
+                device=f"nvidia{index}",
                 model=N.nvmlDeviceGetName(h),
             )
-            values: dict[str, Any] = {"DCGM_FI_DRIVER_VERSION": driver}
-            values["DCGM_FI_DEV_GPU_TEMP"] = self._try(
-                N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU
-            )
-            util = self._try(N.nvmlDeviceGetUtilizationRates, h)
-            if util is not None:
-                values["DCGM_FI_DEV_GPU_UTIL"] = util.gpu
-                values["DCGM_FI_DEV_MEM_COPY_UTIL"] = util.memory
-            values.update(self._memory(h))
-            values["DCGM_FI_DEV_XID_ERRORS"] = self.last_xid.get(index, 0)
-            out.append(Sample(gpu, values))
-            out += self._instances(h, gpu, driver)
+            device_wide: dict[str, Any] = {
+                "DCGM_FI_DRIVER_VERSION": driver,
+                "DCGM_FI_DEV_GPU_TEMP": self._try(
+                    N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU
+                ),
+                "DCGM_FI_DEV_XID_ERRORS": self.last_xid.get(index, 0),
+            }
+            instances = self._instances(h, gpu)
+            if instances:
+                out += [Sample(e, {**device_wide, **self._per_device(m)}) for e, m in instances]
+            else:
+                out.append(Sample(gpu, {**device_wide, **self._per_device(h)}))
         return out
 
-    def _memory(self, h: Any) -> dict[str, int]:
+    def _per_device(self, h: Any) -> dict[str, Any]:
+        """What NVML answers for one device, a GPU or a MIG device: utilisation (not for a
+        MIG device) and framebuffer memory."""
+        values: dict[str, Any] = {}
+        util = self._try(self.N.nvmlDeviceGetUtilizationRates, h)
+        if util is not None:
+            values["DCGM_FI_DEV_GPU_UTIL"] = util.gpu
+            values["DCGM_FI_DEV_MEM_COPY_UTIL"] = util.memory
         mem = self._try(self.N.nvmlDeviceGetMemoryInfo, h, self.N.nvmlMemory_v2)
-        if mem is None:
-            return {}
-        mib = 2**20
-        return {
-            "DCGM_FI_DEV_FB_FREE": mem.free // mib,
-            "DCGM_FI_DEV_FB_USED": mem.used // mib,
-            "DCGM_FI_DEV_FB_RESERVED": mem.reserved // mib,
-        }
+        if mem is not None:
+            mib = 2**20
+            values["DCGM_FI_DEV_FB_FREE"] = mem.free // mib
+            values["DCGM_FI_DEV_FB_USED"] = mem.used // mib
+            values["DCGM_FI_DEV_FB_RESERVED"] = mem.reserved // mib
+        return values
 
-    def _instances(self, h: Any, gpu: Entity, driver: str) -> list[Sample]:
+    def _instances(self, h: Any, gpu: Entity) -> list[tuple[Entity, Any]]:
+        """The GPU's MIG devices, each as its entity (profile, GPU instance ID) and handle."""
         N = self.N
         try:
             count = N.nvmlDeviceGetMaxMigDeviceCount(h)
@@ -289,8 +394,21 @@ class Reader:
                 gpu.gpu, gpu.uuid, gpu.pci_bus_id, gpu.device, gpu.model,
                 mig_profile=profile, gpu_instance_id=N.nvmlDeviceGetGpuInstanceId(m),
             )  # fmt: skip
-            out.append(Sample(entity, {"DCGM_FI_DRIVER_VERSION": driver, **self._memory(m)}))
+            out.append((entity, m))
         return out
+
+
+def hostname(kubernetes: bool, remote_hostengine: str | None) -> str:
+    """``hostname.GetHostname``: in Kubernetes (``-k``) the node's name from NODE_NAME,
+    else the host's name; with a remote host engine (``-r`` given) and not ``-k``, the
+    engine's host."""
+    if not kubernetes and remote_hostengine:  # net.SplitHostPort, else the value itself
+        if remote_hostengine.startswith("[") and "]:" in remote_hostengine:
+            return remote_hostengine[1:].partition("]:")[0]
+        if remote_hostengine.count(":") == 1:
+            return remote_hostengine.partition(":")[0]
+        return remote_hostengine
+    return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
 # ---------------------------------------------------------------- HTTP

@@ -5,11 +5,14 @@ Mirrors NVIDIA gpu-operator v26.7.0 ``controllers/resource_manager.go``
 transforms of ``controllers/object_controls.go``: the namespace filled in, bindings'
 subjects moved to it, ``preProcessDaemonSet`` (``applyCommonDaemonsetConfig``:
 update strategy, priority class, tolerations, pod security context; then the operand's
-``Transform*``: image, pull policy, env, args, resources from its ClusterPolicy section;
+``Transform*``: image, pull policy, args, resources from its ClusterPolicy section;
 ``applyMIGConfiguration``; ``handleDevicePluginConfig``; ``TransformValidatorComponent``;
 ``TransformMIGManager``'s ConfigMaps; ``TransformDCGMExporter``'s host engine and metrics
-config; ``applyCommonDaemonsetMetadata``), ``preprocessService`` and the controller
-reference to the ClusterPolicy. Pure: templates in, dicts out.
+config; the section's ``env`` last, so the user's values win - except for GFD, whose
+``env`` comes before the plugin config and MIG strategy; ``applyCommonDaemonsetMetadata``),
+``preprocessService`` (``TransformDCGMExporterService``), the RuntimeClass name
+(``getRuntimeClassName``) and the controller reference to the ClusterPolicy. Pure:
+templates in, dicts out.
 
 Lab differences: every operand runs the lab's image (``Context.image``, gpulab:dev, which
 the local backend's pod runner can run); the image the ClusterPolicy names is recorded on
@@ -55,6 +58,10 @@ MIG_CONFIG_DIR = "/mig-parted-config"
 METRICS_CONFIG_FILE = "dcgm-metrics.csv"
 METRICS_CONFIG_PATH = "/etc/dcgm-exporter/" + METRICS_CONFIG_FILE
 DCGM_REMOTE_HOSTENGINE = "DCGM_REMOTE_HOSTENGINE_INFO"
+FILLED_BY_OPERATOR = "FILLED_BY_OPERATOR"
+DEFAULT_RUNTIME_CLASS = "nvidia"  # DefaultRuntimeClass
+# the RuntimeClasses of pre-requisites that exist only while CDI is enabled (RuntimeClasses)
+CDI_RUNTIME_CLASSES = ("nvidia-cdi", "nvidia-legacy")
 
 
 class AssetError(ValueError):
@@ -120,14 +127,27 @@ def render(doc: Mapping[str, Any], ctx: Context) -> Obj:
     if kind == "DaemonSet":
         transform_daemonset(obj, ctx)
     elif kind == "Service" and meta.get("name") == "nvidia-dcgm-exporter":
-        policy = (api.component(ctx.spec, "dcgmExporter").get("service") or {}).get(
-            "internalTrafficPolicy"
-        )
-        if policy:
-            obj["spec"]["internalTrafficPolicy"] = policy
+        _dcgm_exporter_service(obj, ctx.spec)
+    elif kind == "RuntimeClass" and meta.get("name") == FILLED_BY_OPERATOR:
+        meta["name"] = obj["handler"] = runtime_class_name(ctx.spec)
     meta["ownerReferences"] = [owner_reference(ctx.policy)]
     meta.setdefault("annotations", {})[HASH_ANNOTATION] = object_hash(obj)
     return obj
+
+
+def runtime_class_name(spec: Mapping[str, Any]) -> str:
+    """``getRuntimeClassName``: ``operator.runtimeClass``, else ``nvidia``."""
+    return str(api.component(spec, "operator").get("runtimeClass") or DEFAULT_RUNTIME_CLASS)
+
+
+def _dcgm_exporter_service(obj: Obj, spec: Mapping[str, Any]) -> None:
+    """``TransformDCGMExporterService``: the ClusterPolicy's ``dcgmExporter.service``
+    type and internalTrafficPolicy."""
+    service = api.component(spec, "dcgmExporter").get("service") or {}
+    if service.get("type"):
+        obj["spec"]["type"] = service["type"]
+    if service.get("internalTrafficPolicy"):
+        obj["spec"]["internalTrafficPolicy"] = service["internalTrafficPolicy"]
 
 
 def owner_reference(policy: Mapping[str, Any]) -> Obj:
@@ -261,14 +281,14 @@ def _validation_init_containers(obj: Obj, spec: Mapping[str, Any]) -> None:
 
 
 def _main_container_settings(obj: Obj, comp: Mapping[str, Any]) -> Obj:
-    """Pull policy, args, env and resources from the operand's ClusterPolicy section on
-    its main container (the first); resources on every container, as upstream."""
+    """Pull policy, args and resources from the operand's ClusterPolicy section on its
+    main container (the first); resources on every container, as upstream. Its ``env``
+    is the caller's to apply: where it goes decides who wins (:func:`transform_daemonset`)."""
     main = _containers(obj)[0]
     if comp.get("imagePullPolicy"):
         main["imagePullPolicy"] = comp["imagePullPolicy"]
     if comp.get("args"):
         main["args"] = list(comp["args"])
-    _apply_env(main, comp.get("env"))
     for c in _containers(obj):
         _apply_resources(c, comp.get("resources"))
     return main
@@ -354,8 +374,9 @@ def _dcgm_exporter(obj: Obj, spec: Mapping[str, Any], main: Obj) -> None:
     if not name:
         return
     main.setdefault("volumeMounts", []).append(
-        {"name": "metrics-config", "readOnly": True, "mountPath": "/etc/dcgm-exporter"}
-    )
+        {"name": "metrics-config", "readOnly": True, "mountPath": METRICS_CONFIG_PATH,
+         "subPath": METRICS_CONFIG_FILE}
+    )  # fmt: skip
     obj["spec"]["template"]["spec"].setdefault("volumes", []).append(
         {
             "name": "metrics-config",
@@ -383,16 +404,28 @@ def transform_daemonset(obj: Obj, ctx: Context) -> None:
     if upstream:
         obj["metadata"].setdefault("annotations", {})[UPSTREAM_IMAGE_ANNOTATION] = upstream
     if key == "validator":
-        _main_container_settings(obj, comp)
+        main = _main_container_settings(obj, comp)
+        _apply_env(main, comp.get("env"))
         _validator(obj, spec)
-    else:
+    elif key == "gfd":
+        # TransformGPUDiscoveryPlugin: the user's env first, then the plugin config and
+        # MIG_STRATEGY - the operator's values win for GFD (and only there)
         _validation_init_containers(obj, spec)
         main = _main_container_settings(obj, comp)
-        if key in ("devicePlugin", "gfd"):
+        _apply_env(main, comp.get("env"))
+        _device_plugin_config(obj, spec, main)
+        apply_mig_configuration(main, api.mig_strategy(spec))
+    else:
+        # every other Transform* sets the ClusterPolicy's env last: the user's value of
+        # MIG_STRATEGY, CONFIG_FILE, DCGM_EXPORTER_COLLECTORS ... wins over the operator's
+        _validation_init_containers(obj, spec)
+        main = _main_container_settings(obj, comp)
+        if key == "devicePlugin":
             _device_plugin_config(obj, spec, main)
             apply_mig_configuration(main, api.mig_strategy(spec))
         elif key == "migManager":
             _mig_manager(obj, spec, main)
         elif key == "dcgmExporter":
             _dcgm_exporter(obj, spec, main)
+        _apply_env(main, comp.get("env"))
     _common_metadata(obj, spec)

@@ -6,12 +6,14 @@ docs/gpu-operator.md) deploys the device plugin, GFD and the MIG manager.
 The team's inference pods ask for ``nvidia.com/mig-1g.10gb`` (written for the mixed MIG
 strategy). The operator was installed with the Helm chart's default ``mig.strategy:
 single``, and the node was labelled ``nvidia.com/mig.config=all-1g-10gb``: no such config
-in ``default-mig-parted-config``, so the MIG manager sets ``mig.config.state=failed`` and
-the GPUs stay whole. Two causes in turn on ``gpu-mig``:
+in the one the MIG manager built from the node's GPUs (ConfigMap ``gpu-mig-mig-config``;
+``default-mig-parted-config`` is only its fallback, for GPUs NVML lists no MIG profile
+of), so the MIG manager sets ``mig.config.state=failed`` and the GPUs stay whole. Two
+causes in turn on ``gpu-mig``:
 
     config     the node's mig.config names no config: relabel it ``all-1g.10gb`` (4 x
-               1g.10gb on each A100-40GB); the MIG manager pauses the GPU clients, applies
-               the layout and restarts them (state pending -> success)
+               1g.10gb, the most an A100-40GB holds); the MIG manager pauses the GPU
+               clients, applies the layout and restarts them (state pending -> success)
     strategy   under ``single`` the device plugin advertises the 32 MIG devices as
                ``nvidia.com/gpu`` (``gpu.product=NVIDIA-A100-SXM4-40GB-MIG-1g.10gb``), never
                ``nvidia.com/mig-1g.10gb``: set the ClusterPolicy's ``spec.mig.strategy`` to
@@ -22,17 +24,21 @@ On ``gpu-mig-b`` the device plugin is not the operator's (``nvidia.com/gpu.deplo
 device-plugin=false``; the device-plugin chapter's DaemonSet with its own config
 ``mig-mixed`` runs there instead), and the node was repartitioned to ``all-1g.10gb``:
 
-    not-paused the MIG manager pauses only the GPU clients the operator deploys, so the
-               standalone plugin kept the 8 whole GPUs it listed at its start (NVML is read
-               once) and ``deploy/batch``, asking for ``nvidia.com/mig-1g.10gb``, stays
-               Pending: restart that plugin pod (and, for good, let the operator deploy
-               the plugin so the MIG manager pauses it)
+    not-paused the MIG manager pauses the GPU clients the operator deploys and any
+               DaemonSet whose pods select ``nvidia.com/gpu.deploy.client`` (a label the
+               operator puts on GPU nodes); the standalone plugin does neither, so it kept
+               the 8 whole GPUs it listed at its start (NVML is read once) and
+               ``deploy/batch``, asking for ``nvidia.com/mig-1g.10gb``, stays Pending:
+               restart that plugin pod; for good, give its DaemonSet the nodeSelector
+               ``nvidia.com/gpu.deploy.client: "true"`` so the MIG manager pauses it
+               around every change (or let the operator deploy the plugin)
 
 Not a fix: deleting the pods (their Deployments make the same ones).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -42,6 +48,7 @@ from kubernetes.client.rest import ApiException
 from gpulab.gpuoperator import api as cp
 from gpulab.gpuoperator import migparted
 from gpulab.gpuoperator import nodelabels as nl
+from gpulab.gpuoperator.migmanager import CLIENT_LABEL, node_configmap_name
 from gpulab.wait import wait_for
 from harness.apply import MANIFESTS, load_documents
 from harness.backends import SYSTEM_NAMESPACE
@@ -73,9 +80,11 @@ TYPO = "all-1g-10gb"  # the mistake: a dash for the dot
 OPERATOR_NS = "gpu-operator"
 POLICY_FILE = MANIFESTS / "gpu-operator/samples/clusterpolicy.yaml"
 READY_TIMEOUT = 180.0
+NODE_CONFIGMAP = node_configmap_name(NODE)  # what the MIG manager built from gpu-mig's GPUs
 FIX_CONFIG = (
     f"`kubectl label node {NODE} {nl.MIG_CONFIG_LABEL}={CONFIG} --overwrite` (a config "
-    f"of ConfigMap {OPERATOR_NS}/{cp.MIG_PARTED_DEFAULT_CONFIGMAP})"
+    f"of ConfigMap {OPERATOR_NS}/{NODE_CONFIGMAP}, which the MIG manager built from the "
+    "node's GPUs)"
 )
 FIX_STRATEGY = (
     "`kubectl patch clusterpolicy cluster-policy --type merge -p "
@@ -83,11 +92,14 @@ FIX_STRATEGY = (
     "nodeSelector nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB-MIG-1g.10gb)"
 )
 
+CLIENT_SELECTOR = {"spec": {"template": {"spec": {"nodeSelector": {CLIENT_LABEL: "true"}}}}}
 FIX_NOT_PAUSED = (
     f"`kubectl -n {SYSTEM_NAMESPACE} delete pod -l app.kubernetes.io/name={STANDALONE} "
     f"--field-selector spec.nodeName={NODE_B}` (it lists the MIG devices at its start); for "
-    f"good, let the operator deploy the plugin: `kubectl label node {NODE_B} "
-    f"{PLUGIN_DEPLOY_LABEL}=true --overwrite` and remove the standalone DaemonSet"
+    f"good, `kubectl -n {SYSTEM_NAMESPACE} patch daemonset {STANDALONE} --type merge -p "
+    f"'{json.dumps(CLIENT_SELECTOR)}'`: the MIG manager pauses a DaemonSet whose pods select "
+    f"{CLIENT_LABEL} around every change (or let the operator deploy the plugin: `kubectl "
+    f"label node {NODE_B} {PLUGIN_DEPLOY_LABEL}=true --overwrite`)"
 )
 
 
@@ -129,9 +141,10 @@ class MigLab:
         f"`gpulab diagnose node {NODE}`: the mig link reads the node's "
         f"{nl.MIG_CONFIG_LABEL} and {nl.MIG_CONFIG_STATE_LABEL} labels and the MIG manager's "
         "Event on the node",
-        f"`kubectl -n {OPERATOR_NS} get configmap {cp.MIG_PARTED_DEFAULT_CONFIGMAP} -o "
-        "jsonpath='{.data.config\\.yaml}'`: which configs exist, and which rows match an "
-        "A100-40GB (device-filter 0x20B010DE)?",
+        f"`kubectl -n {OPERATOR_NS} get configmap {NODE_CONFIGMAP} -o "
+        "jsonpath='{.data.config\\.yaml}'`: the configs the MIG manager built from the "
+        f"node's GPUs (it reads {cp.MIG_PARTED_DEFAULT_CONFIGMAP} only when NVML lists no "
+        "MIG profile) - which one did the label mean?",
         "once the layout is applied: `kubectl get node gpu-mig -o jsonpath="
         "'{.status.allocatable}'` and its nvidia.com/mig.strategy and gpu.product labels: "
         "under which name does the device plugin advertise the MIG devices?",
@@ -141,6 +154,9 @@ class MigLab:
         "which device plugin runs there, who deployed it, and when did it start compared "
         f"with the node's {nl.MIG_CONFIG_STATE_LABEL}=success (`kubectl get events "
         "--field-selector reason=setState`)?",
+        "the MIG manager pauses the operator's GPU clients and waits for every DaemonSet "
+        f"pod whose nodeSelector has {CLIENT_LABEL} (`kubectl get node {NODE_B} -L "
+        f"{CLIENT_LABEL}`): does the standalone plugin's DaemonSet have it?",
     )
 
     def start(self, backend: Any, progress: Progress) -> None:
@@ -225,7 +241,7 @@ class MigLab:
         lab = core.read_node(NODE).metadata.labels or {}
         wanted, state = lab.get(nl.MIG_CONFIG_LABEL, "-"), lab.get(nl.MIG_CONFIG_STATE_LABEL, "-")
         try:
-            cm = core.read_namespaced_config_map(cp.MIG_PARTED_DEFAULT_CONFIGMAP, OPERATOR_NS)
+            cm = core.read_namespaced_config_map(NODE_CONFIGMAP, OPERATOR_NS)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -271,11 +287,12 @@ def _whole(node: client.V1Node) -> bool:
 
 
 def _standalone_fresh(api: client.ApiClient, progress: Progress) -> None:
-    """The standalone device plugin on NODE_B, started now (it reads NVML once: at the
-    layout the node has now, whole GPUs after stop)."""
+    """The standalone device plugin on NODE_B, as the device-plugin chapter deploys it
+    (without the gpu.deploy.client selector a learner may have given it), started now (it
+    reads NVML once: at the layout the node has now, whole GPUs after stop)."""
     apps = client.AppsV1Api(api)
     try:
-        apps.read_namespaced_daemon_set(STANDALONE, SYSTEM_NAMESPACE)
+        ds = apps.read_namespaced_daemon_set(STANDALONE, SYSTEM_NAMESPACE)
     except ApiException as exc:
         if exc.status != 404:
             raise
@@ -287,6 +304,10 @@ def _standalone_fresh(api: client.ApiClient, progress: Progress) -> None:
                 if any(e.status != 409 for e in err.api_exceptions):
                     raise
         return
+    if CLIENT_LABEL in (ds.spec.template.spec.node_selector or {}):
+        progress(f"remove {CLIENT_LABEL} from {STANDALONE}'s nodeSelector")
+        unselect = {"spec": {"template": {"spec": {"nodeSelector": {CLIENT_LABEL: None}}}}}
+        apps.patch_namespaced_daemon_set(STANDALONE, SYSTEM_NAMESPACE, unselect)
     client.CoreV1Api(api).delete_collection_namespaced_pod(
         SYSTEM_NAMESPACE,
         label_selector=f"app.kubernetes.io/name={STANDALONE}",

@@ -43,12 +43,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def exporter(shim: Path, tmp_path: Path) -> Iterator[str]:
+def start_exporter(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [*GPULAB, "dcgm-exporter", "-a", f"127.0.0.1:{port}", "--node-name", NODE],
-        env=env_for(tmp_path),
+        [*GPULAB, "dcgm-exporter", "-a", f"127.0.0.1:{port}", "-k"],
+        env={**env, "NODE_NAME": NODE},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -63,6 +62,16 @@ def exporter(shim: Path, tmp_path: Path) -> Iterator[str]:
 
     try:
         wait_for(up, 30, "dcgm-exporter to serve /health", 0.2)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, url
+
+
+@pytest.fixture
+def exporter(shim: Path, tmp_path: Path) -> Iterator[str]:
+    proc, url = start_exporter(env_for(tmp_path))
+    try:
         yield url
     finally:
         proc.terminate()
@@ -99,6 +108,29 @@ def test_dcgm_exporter_serves_every_gpu_with_dcgm_names_and_follows_xids(
 
     wait_for(lambda: xid() == "48", 10, "the Xid in DCGM_FI_DEV_XID_ERRORS")
     assert httpx.get(f"{exporter}/nothing", timeout=5).status_code == 404
+
+
+def test_dcgm_exporter_on_mig_gpus_has_only_per_instance_rows(shim: Path, tmp_path: Path) -> None:
+    """``-d f``: GPUs 0-3 hold 4 MIG devices each, GPUs 4-7 seven: 44 rows per field, every
+    one an instance's, none a whole GPU's."""
+    proc, url = start_exporter(env_for(tmp_path, "a100-80gb-mig-x8"))
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    rows = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_FB_FREE{")]
+    assert len(rows) == 4 * 4 + 4 * 7
+    assert all('GPU_I_PROFILE="' in r and 'GPU_I_ID="' in r for r in rows)
+    assert not series(text, "DCGM_FI_DEV_GPU_TEMP")  # no whole-GPU row of any field
+    profiles_of_gpu0 = sorted(
+        r.split('GPU_I_PROFILE="')[1].split('"')[0] for r in rows if r.startswith(
+            'DCGM_FI_DEV_FB_FREE{gpu="0",')
+    )  # fmt: skip
+    assert profiles_of_gpu0 == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    temps = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
+    assert len(temps) == len(rows)  # the device-wide fields are reported per instance too
+    assert "DCGM_FI_DEV_GPU_UTIL" not in text  # NVML has no utilisation per MIG device
 
 
 def run_python(code: str, env: dict[str, str]) -> object:

@@ -26,8 +26,8 @@ from demos import gpu_operator as demo
 from gpulab import trace
 from gpulab.fakegpu import paths, profiles
 from gpulab.gpuoperator import api as cp
+from gpulab.gpuoperator import migparted, render, states
 from gpulab.gpuoperator import nodelabels as nl
-from gpulab.gpuoperator import render, states
 from gpulab.informer import NODES, Handlers, Informer, ListWatch
 from gpulab.wait import WaitTimeout, wait_for
 from harness.apply import MANIFESTS
@@ -45,6 +45,10 @@ mig-configs:
     - devices: all
       mig-enabled: true
       mig-devices: {"1g.10gb": 4}
+  all-3g.20gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"3g.20gb": 2}
   too-big:
     - devices: all
       mig-enabled: true
@@ -223,14 +227,25 @@ def test_the_clusterpolicy_is_ready_with_upstreams_conditions(
         assert (owner.kind, owner.name, owner.controller) == (cp.KIND, policy, True)
         assert ds.status.number_ready == ds.status.desired_number_scheduled >= 1
         assert ds.metadata.annotations[render.HASH_ANNOTATION]
-    # the walk stepped through every state in order on its passes
-    steps = [
-        e.note.split(":")[0]
-        for e in (trace.to_trace_event(cluster.api.sanitize_for_serialization(x))
-                  for x in _core(cluster).list_namespaced_event("default").items)
-        if e.component == "gpu-operator" and e.step == "step"
-    ]  # fmt: skip
-    assert set(steps) == set(states.STATES)
+    # the first pass stepped through every state, in upstream's order: the first Event of
+    # each state (eventTime: when the series began) in time order
+    events = sorted(
+        (e for e in _core(cluster).list_namespaced_event("default").items
+         if e.reporting_component == "gpulab.io/gpu-operator" and e.reason == "step"
+         and e.involved_object.name == policy),
+        key=lambda e: e.event_time,
+    )  # fmt: skip
+    first_seen: list[str] = []
+    for e in events:
+        state = e.message.split(":")[0]
+        if state not in first_seen:
+            first_seen.append(state)
+    assert first_seen == list(states.STATES)
+    # pre-requisites: the RuntimeClasses, the CDI ones too (CDI is on by default)
+    classes = client.NodeV1Api(cluster.api).list_runtime_class().items
+    assert {c.metadata.name: c.handler for c in classes} == {
+        "nvidia": "nvidia", "nvidia-cdi": "nvidia-cdi", "nvidia-legacy": "nvidia-legacy",
+    }  # fmt: skip
 
 
 def test_gpu_nodes_are_labelled_for_their_operands(cluster: Cluster, policy: str) -> None:
@@ -439,6 +454,37 @@ def test_mig_config_pending_then_success_and_the_node_advertises_mig_devices(
     # the layout lives in the shim's state: the device plugin read it when it restarted
     assert "gpu.7.mig_count=4" in _mig_state_file(cluster)
     assert _allocatable(cluster, A100).get("nvidia.com/gpu") == "0"
+    # the config in force is the one the MIG manager built from the A100s' MIG profiles
+    generated = _core(cluster).read_namespaced_config_map(f"{A100}-mig-config", NS)
+    (owner,) = generated.metadata.owner_references
+    assert owner.kind == "Pod" and owner.name.startswith("nvidia-mig-manager-")
+    assert generated.metadata.labels == {"app.kubernetes.io/component": "nvidia-mig-manager",
+                                         "nvidia.com/node-name": A100}  # fmt: skip
+    spec = migparted.parse_spec(generated.data["config.yaml"])
+    assert spec.mig_configs["all-1g.10gb"][0].mig_devices == {"1g.10gb": 4}
+    assert spec.mig_configs["all-balanced"][0].mig_devices == {
+        "1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1,
+    }  # fmt: skip
+
+
+@pytest.mark.local_backend
+def test_dcgm_exporter_on_the_mig_node_reports_each_mig_device_only(
+    cluster: Cluster, policy: str
+) -> None:
+    """After all-1g.10gb (the test before): 32 MIG devices, 32 rows per field, no
+    whole-GPU row (dcgm-exporter's default -d f)."""
+
+    def rows() -> list[str] | None:
+        try:
+            text = _metrics(cluster, A100)
+        except (httpx.HTTPError, ValueError):
+            return None  # the exporter is restarting after the MIG change
+        found = [x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_FB_FREE{")]
+        return found if len(found) == 32 else None
+
+    found = wait_for(rows, 60, "dcgm-exporter on the MIG layout")
+    assert all('GPU_I_PROFILE="1g.10gb"' in r and "GPU_I_ID=" in r for r in found)
+    assert not _series(_metrics(cluster, A100), "DCGM_FI_DEV_GPU_TEMP")  # no GPU row at all
 
 
 def _unchanged(cluster: Cluster, before: dict[str, str], history: LabelHistory) -> None:
@@ -510,10 +556,19 @@ def _use_mig_configmap(cluster: Cluster, policy: str, name: str | None) -> None:
     wait_for(new_pod_ready, 90, "the MIG manager to restart on the new config")
 
 
+def _relabel(cluster: Cluster, config: str, until: str) -> None:
+    _core(cluster).patch_node(A100, {"metadata": {"labels": {nl.MIG_CONFIG_LABEL: config}}})
+    wait_for(lambda: _labels(cluster, A100).get(MIG_STATE) == until, 90, f"{config}: {until}")
+
+
 @pytest.mark.local_backend
-def test_a_layout_the_gpu_cannot_hold_or_a_broken_configmap_fails_and_changes_nothing(
+def test_a_layout_the_gpu_cannot_hold_fails_after_the_pause_and_a_broken_configmap_before_it(
     cluster: Cluster, policy: str
 ) -> None:
+    """mig-parted v0.15.0: a layout that does not fit fails in applyMigConfig, after the
+    GPU clients were paused; setState resumes them only until a change has succeeded in
+    the MIG manager's process - after that a failed change leaves the device plugin
+    paused. A ConfigMap that does not parse fails before anything changes."""
     core = _core(cluster)
     broken = "version: v1\nmig-configs: {too-big: [\n"
     for cm, text in (
@@ -524,9 +579,9 @@ def test_a_layout_the_gpu_cannot_hold_or_a_broken_configmap_fails_and_changes_no
             NS,
             client.V1ConfigMap(metadata=client.V1ObjectMeta(name=cm), data={"config.yaml": text}),
         )
-    before, layout = _labels(cluster, A100), _mig_state_file(cluster)
+    layout = _mig_state_file(cluster)
     try:
-        _use_mig_configmap(cluster, policy, "custom-mig-parted-config")
+        _use_mig_configmap(cluster, policy, "custom-mig-parted-config")  # a new process
         since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
         with LabelHistory(cluster, A100, (MIG_STATE, DP_LABEL)) as history:
             core.patch_node(A100, {"metadata": {"labels": {nl.MIG_CONFIG_LABEL: "too-big"}}})
@@ -534,15 +589,41 @@ def test_a_layout_the_gpu_cannot_hold_or_a_broken_configmap_fails_and_changes_no
             assert note.endswith(
                 "too-big: GPU 0 (NVIDIA A100-SXM4-40GB) holds at most 2 x 3g.20gb, not 3"
             )
-            _unchanged(cluster, before, history)
-        # the new MIG manager pod applies the node's current label (too-big) with the file
+            assert history.of(MIG_STATE)[-2:] == ["pending", "failed"]
+            assert history.of(DP_LABEL)[-3:] == ["true", "paused-for-mig-change", "true"]
+        assert _mig_state_file(cluster) == layout  # (lab) the old layout restored
+        wait_for(lambda: _allocatable(cluster, A100).get("nvidia.com/mig-1g.10gb") == "32", 60,
+                 "the device plugin back on all-1g.10gb")  # fmt: skip
+        # a change that succeeds sets NoRestartK8sDaemonsetsOnExit ...
+        _relabel(cluster, "all-3g.20gb", "success")
+        wait_for(lambda: _allocatable(cluster, A100).get("nvidia.com/mig-3g.20gb") == "16", 60,
+                 "all-3g.20gb advertised")  # fmt: skip
+        # ... so the next failure leaves the clients paused: the device plugin is gone
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+        core.patch_node(A100, {"metadata": {"labels": {nl.MIG_CONFIG_LABEL: "too-big"}}})
+        _failed(cluster, since, "too-big")
+        assert _labels(cluster, A100)[DP_LABEL] == "paused-for-mig-change"
+        wait_for(
+            lambda: not core.list_namespaced_pod(
+                NS, label_selector="app=nvidia-device-plugin-daemonset",
+                field_selector=f"spec.nodeName={A100}").items,
+            60,
+            "the device plugin to stay away from the node",
+        )  # fmt: skip
+        assert _allocatable(cluster, A100).get("nvidia.com/mig-3g.20gb") == "0"
+        # the way out: a config that applies
+        _relabel(cluster, "all-1g.10gb", "success")
+        assert _labels(cluster, A100)[DP_LABEL] == "true"
+        wait_for(lambda: _allocatable(cluster, A100).get("nvidia.com/mig-1g.10gb") == "32", 60,
+                 "the device plugin back on all-1g.10gb")  # fmt: skip
+        # the new MIG manager pod reads the broken file at the node's current label
+        before = _labels(cluster, A100)
         since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
         with LabelHistory(cluster, A100, (MIG_STATE, DP_LABEL)) as history:
             _use_mig_configmap(cluster, policy, "broken-mig-parted-config")
             note = _failed(cluster, since, "unmarshal error")
             assert "unmarshal error: not valid YAML at line 3" in note
             _unchanged(cluster, before, history)
-        assert _mig_state_file(cluster) == layout
     finally:
         _use_mig_configmap(cluster, policy, None)
         core.patch_node(A100, {"metadata": {"labels": {nl.MIG_CONFIG_LABEL: "all-1g.10gb"}}})

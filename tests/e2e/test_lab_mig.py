@@ -2,7 +2,10 @@
 the device plugin, GFD and the MIG manager; on gpu-mig-b the device-plugin chapter's
 DaemonSet runs instead): the broken state is diagnosed naming the mig link on gpu-mig and
 the node link on both pods; the documented fixes make `gpulab lab check mig` pass; after
-the first, inference's diagnosis moves from the unapplied layout to the MIG strategy."""
+the first, inference's diagnosis moves from the unapplied layout to the MIG strategy; the
+config in force is the one the MIG manager built from the node's GPUs; the "for good" fix
+of not-paused (the standalone plugin's DaemonSet selects nvidia.com/gpu.deploy.client)
+makes the MIG manager pause that plugin around the next change."""
 
 from __future__ import annotations
 
@@ -34,7 +37,11 @@ def test_lab_mig(labs_mig: Cluster) -> None:
         assert pod is not None
         ref = f"{mig.NS}/{pod.metadata.name}"
         link, answer = first_broken(api, "pod", ref)
-        assert link == "node" and "names no config" in answer, answer
+        assert link == "node" and f"names no config in ConfigMap {mig.NODE_CONFIGMAP}" in answer
+        generated = core.read_namespaced_config_map(mig.NODE_CONFIGMAP, mig.OPERATOR_NS)
+        (owner,) = generated.metadata.owner_references
+        assert owner.kind == "Pod" and owner.name.startswith("nvidia-mig-manager-")
+        assert mig.CONFIG in mig.config_names(generated)
         core.patch_node(mig.NODE, {"metadata": {"labels": {nl.MIG_CONFIG_LABEL: mig.CONFIG}}})
 
         def strategy_named() -> str | None:
@@ -44,10 +51,9 @@ def test_lab_mig(labs_mig: Cluster) -> None:
         answer = wait_for(strategy_named, 90, "the layout applied under strategy single", 1)
         assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB-MIG-1g.10gb" in answer
         assert [s.fixed for s in mig.LAB.check(api)] == [True, False, False]  # config only
-        core.delete_collection_namespaced_pod(
-            "gpulab-system",
-            label_selector=f"app.kubernetes.io/name={mig.STANDALONE}",
-            field_selector=f"spec.nodeName={mig.NODE_B}",
+        # not-paused, for good: the standalone plugin selects nvidia.com/gpu.deploy.client
+        client.AppsV1Api(api).patch_namespaced_daemon_set(
+            mig.STANDALONE, "gpulab-system", mig.CLIENT_SELECTOR
         )
         client.CustomObjectsApi(api).patch_cluster_custom_object(
             cp.GROUP,
@@ -58,12 +64,21 @@ def test_lab_mig(labs_mig: Cluster) -> None:
         )
 
     run_lab(labs_mig, mig.NAME, fix)
-    # run_lab stopped the lab: the nodes are back to whole GPUs
+    # run_lab stopped the lab: the nodes are back to whole GPUs ...
     core = client.CoreV1Api(labs_mig.api)
     for node in (mig.NODE, mig.NODE_B):
         labels = core.read_node(node).metadata.labels
         assert labels[nl.MIG_CONFIG_LABEL] == nl.MIG_CONFIG_DISABLED
         assert labels[nl.MIG_CONFIG_STATE_LABEL] == "success"
+    # ... and the MIG manager paused the standalone plugin (it selects gpu.deploy.client
+    # now) for that change: only a plugin started after it lists 8 whole GPUs (NVML is
+    # read once; without the pause it keeps advertising the 32 MIG devices)
+    wait_for(
+        lambda: core.read_node(mig.NODE_B).status.allocatable.get("nvidia.com/gpu") == "8",
+        90,
+        f"the standalone plugin on {mig.NODE_B} to come back on whole GPUs",
+        1,
+    )
 
 
 def test_lab_mig_starts_again_from_its_fixed_state(labs_mig: Cluster) -> None:

@@ -145,6 +145,27 @@ def test_a_custom_mig_parted_configmap_replaces_the_default_one() -> None:
     assert made == {"default-gpu-clients"}
 
 
+def test_the_runtime_classes_and_the_cdi_ones_only_while_cdi_is_enabled() -> None:
+    cluster = FakeCluster()
+    assert step(state_controller("pre-requisites", cluster, {})) == api.READY
+    made = {(name, cluster.objects[("RuntimeClass", None, name)]["handler"])
+            for _v, _k, name in cluster.writes}  # fmt: skip
+    assert made == {("nvidia", "nvidia"), ("nvidia-cdi", "nvidia-cdi"),
+                    ("nvidia-legacy", "nvidia-legacy")}  # fmt: skip
+    cluster.writes.clear()
+    off = state_controller("pre-requisites", cluster, {"cdi": {"enabled": False}})
+    assert step(off) == api.READY
+    assert sorted(cluster.writes) == [
+        ("delete", "RuntimeClass", "nvidia-cdi"),
+        ("delete", "RuntimeClass", "nvidia-legacy"),
+    ]
+    cluster.writes.clear()
+    assert step(off) == api.READY and cluster.writes == []
+    renamed = FakeCluster()
+    step(state_controller("pre-requisites", renamed, {"operator": {"runtimeClass": "nv"}}))
+    assert renamed.objects[("RuntimeClass", None, "nv")]["handler"] == "nv"
+
+
 def test_every_asset_kind_is_managed() -> None:
     for state in states.STATES:
         for doc in render.load_state(state):

@@ -172,3 +172,69 @@ def test_flatten_puts_the_largest_instances_first() -> None:
     assert mp.flatten({"1g.5gb": 2, "3g.20gb": 1, "2g.10gb": 1, "1c.3g.20gb": 0}) == [
         "3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb",
     ]  # fmt: skip
+
+
+def a100_80(index: int) -> Gpu:
+    profiles = {
+        "1g.10gb": GiProfile("1g.10gb", 19, 1, 9728, 7),
+        "1g.20gb": GiProfile("1g.20gb", 15, 1, 19968, 4),
+        "2g.20gb": GiProfile("2g.20gb", 14, 2, 19968, 3),
+        "3g.40gb": GiProfile("3g.40gb", 9, 3, 40192, 2),
+        "7g.80gb": GiProfile("7g.80gb", 0, 7, 80384, 1),
+    }
+    return Gpu(index, "NVIDIA A100-SXM4-80GB", A100_80, True, False, 81920, profiles)
+
+
+def test_the_config_built_from_one_kind_of_gpu_has_no_device_filters() -> None:
+    """pkg/mig/builder: every profile at its maximum count, all-balanced from the base
+    profiles of most instances, the two base configs; a T4 (no MIG) is left out."""
+    spec = mp.build_config([a100_40(0), a100_40(1), t4(2)])
+    assert spec["version"] == "v1"
+    configs = spec["mig-configs"]
+    assert list(configs) == [
+        "all-1g.5gb", "all-1g.10gb", "all-2g.10gb", "all-3g.20gb", "all-7g.40gb",
+        "all-balanced", "all-disabled", "all-enabled",
+    ]  # fmt: skip
+    assert configs["all-1g.10gb"] == [
+        {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 4}}
+    ]
+    assert configs["all-balanced"] == [
+        {"devices": "all", "mig-enabled": True,
+         "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}
+    ]  # fmt: skip
+    assert configs["all-disabled"] == [{"devices": "all", "mig-enabled": False, "mig-devices": {}}]
+    # what the MIG manager writes parses back, and a layout from it selects every A100
+    text = mp.config_yaml(spec)
+    assert text.startswith("# DO NOT EDIT: Auto-generated MIG configuration from GPU hardware.\n")
+    parsed = mp.parse_spec(text)
+    gpus = [a100_40(0), a100_40(1), t4(2)]
+    assert mp.layout(mp.select(parsed, "all-1g.10gb"), gpus) == {
+        0: Target(True, {"1g.10gb": 4}),
+        1: Target(True, {"1g.10gb": 4}),
+        2: Target(True, {"1g.10gb": 4}),  # selected, skipped by apply (not MIG capable)
+    }
+
+
+def test_two_kinds_of_gpu_get_device_filters_grouped_by_maximum_count() -> None:
+    spec = mp.build_config([a100_40(0), a100_80(1)])
+    configs = spec["mig-configs"]
+    assert configs["all-1g.10gb"] == [
+        {"device-filter": ["0x20B010DE"], "devices": "all", "mig-enabled": True,
+         "mig-devices": {"1g.10gb": 4}},
+        {"device-filter": ["0x20B210DE"], "devices": "all", "mig-enabled": True,
+         "mig-devices": {"1g.10gb": 7}},
+    ]  # fmt: skip
+    assert [r["device-filter"] for r in configs["all-balanced"]] == [["0x20B010DE"], ["0x20B210DE"]]
+    assert configs["all-balanced"][1]["mig-devices"] == {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+    assert "device-filter: ['0x20B010DE']" in mp.config_yaml(spec)  # a flow sequence
+    assert mp.parse_spec(mp.config_yaml(spec)).mig_configs["all-1g.10gb"][1].device_filter == (
+        "0x20B210DE",
+    )
+
+
+def test_no_profiles_or_no_mig_capable_gpu() -> None:
+    with pytest.raises(mp.NoMigCapableGpuError, match="no MIG-capable devices found"):
+        mp.build_config([t4(0)])
+    bare = Gpu(0, "NVIDIA A100-SXM4-40GB", A100_40, True)  # NVML listed no profile
+    with pytest.raises(mp.NoProfilesDiscoveredError, match="no MIG profiles discovered"):
+        mp.build_config([bare])

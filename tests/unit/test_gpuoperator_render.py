@@ -169,6 +169,65 @@ def test_dcgm_exporter_talks_to_a_standalone_host_engine_only_when_there_is_one(
     assert custom["DCGM_EXPORTER_COLLECTORS"] == "/etc/dcgm-exporter/dcgm-metrics.csv"
 
 
+def test_a_custom_metrics_configmap_is_mounted_as_one_file() -> None:
+    """subPath: the image's other files under /etc/dcgm-exporter stay visible."""
+    ds = daemonset("state-dcgm-exporter", {"dcgmExporter": {"config": {"name": "metrics"}}})
+    mounts = container(ds, "nvidia-dcgm-exporter")["volumeMounts"]
+    assert {"name": "metrics-config", "readOnly": True,
+            "mountPath": "/etc/dcgm-exporter/dcgm-metrics.csv",
+            "subPath": "dcgm-metrics.csv"} in mounts  # fmt: skip
+
+
+def test_the_dcgm_exporter_service_takes_the_clusterpolicys_type() -> None:
+    def service(spec: dict) -> dict:
+        (svc,) = [o for o in render_state("state-dcgm-exporter", ctx(spec))
+                  if o["kind"] == "Service"]  # fmt: skip
+        return svc["spec"]
+
+    assert "type" not in service({})
+    spec = {"dcgmExporter": {"service": {"type": "NodePort", "internalTrafficPolicy": "Local"}}}
+    assert (service(spec)["type"], service(spec)["internalTrafficPolicy"]) == ("NodePort", "Local")
+
+
+@pytest.mark.parametrize(
+    ("state", "container_name", "section", "name", "operators"),
+    [
+        ("state-device-plugin", "nvidia-device-plugin", "devicePlugin", "MIG_STRATEGY", "mixed"),
+        ("state-device-plugin", "nvidia-device-plugin", "devicePlugin", "CONFIG_FILE",
+         "/config/config.yaml"),
+        ("state-mig-manager", "nvidia-mig-manager", "migManager", "CONFIG_FILE",
+         "/mig-parted-config/config.yaml"),
+        ("state-dcgm-exporter", "nvidia-dcgm-exporter", "dcgmExporter",
+         "DCGM_EXPORTER_COLLECTORS", "/etc/dcgm-exporter/dcgm-metrics.csv"),
+    ],
+)  # fmt: skip
+def test_the_users_env_wins_over_the_operators_value(
+    state: str, container_name: str, section: str, name: str, operators: str
+) -> None:
+    """object_controls.go sets a section's env after the operator's own settings."""
+    spec: dict[str, Any] = {
+        "mig": {"strategy": "mixed"},
+        "devicePlugin": {"config": {"name": "plugin-config"}},
+        "migManager": {"config": {"name": "mine"}},
+        "dcgmExporter": {"config": {"name": "metrics"}},
+    }
+    main = container(daemonset(state, spec), container_name)
+    assert env(main)[name] == operators  # the operator sets it ...
+    spec[section] = {**spec[section], "env": [{"name": name, "value": "/the/users"}]}
+    main = container(daemonset(state, spec), container_name)
+    assert env(main)[name] == "/the/users"  # ... and the user's value wins
+    assert [e["name"] for e in main["env"]].count(name) == 1
+
+
+def test_gfds_env_loses_to_the_operators_mig_strategy() -> None:
+    """TransformGPUDiscoveryPlugin applies env before applyMIGConfiguration."""
+    spec = {"mig": {"strategy": "mixed"},
+            "gfd": {"env": [{"name": "MIG_STRATEGY", "value": "none"},
+                            {"name": "GFD_SLEEP_INTERVAL", "value": "10s"}]}}  # fmt: skip
+    main = env(container(daemonset("gpu-feature-discovery", spec), "gpu-feature-discovery"))
+    assert (main["MIG_STRATEGY"], main["GFD_SLEEP_INTERVAL"]) == ("mixed", "10s")
+
+
 def test_daemonsets_settings_reach_every_operand() -> None:
     spec = {
         "daemonsets": {

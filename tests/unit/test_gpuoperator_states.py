@@ -3,6 +3,7 @@ upstream's order on every pass, not-ready ones collected, never stopping the wal
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -28,22 +29,38 @@ def controller(statuses: dict[str, str], spec: dict[str, Any] | None = None) -> 
     return ctrl, calls
 
 
-def test_the_states_are_v26_7_0s_in_its_order() -> None:
-    assert states.STATES[:12] == (
-        "pre-requisites",
-        "state-operator-metrics",
-        "state-driver",
-        "state-container-toolkit",
-        "state-operator-validation",
-        "state-device-plugin",
-        "state-mps-control-daemon",
-        "state-dcgm",
-        "state-dcgm-exporter",
-        "gpu-feature-discovery",
-        "state-mig-manager",
-        "state-node-status-exporter",
-    )
-    assert len(states.STATES) == 20 and states.STATES[-1] == "state-cc-manager"
+# NVIDIA/gpu-operator v26.7.0 (10ee5b3) controllers/state_manager.go (blob d49c311) lines
+# 798-818, ClusterPolicyController.init, verbatim: `git show
+# v26.7.0:controllers/state_manager.go | sed -n 798,818p` prints the same text.
+STATE_MANAGER_INIT_V26_7_0 = """
+		addState(n, "/opt/gpu-operator/pre-requisites")
+		addState(n, "/opt/gpu-operator/state-operator-metrics")
+		addState(n, "/opt/gpu-operator/state-driver")
+		addState(n, "/opt/gpu-operator/state-container-toolkit")
+		addState(n, "/opt/gpu-operator/state-operator-validation")
+		addState(n, "/opt/gpu-operator/state-device-plugin")
+		addState(n, "/opt/gpu-operator/state-mps-control-daemon")
+		addState(n, "/opt/gpu-operator/state-dcgm")
+		addState(n, "/opt/gpu-operator/state-dcgm-exporter")
+		addState(n, "/opt/gpu-operator/gpu-feature-discovery")
+		addState(n, "/opt/gpu-operator/state-mig-manager")
+		addState(n, "/opt/gpu-operator/state-node-status-exporter")
+		// add sandbox workload states
+		addState(n, "/opt/gpu-operator/state-vgpu-manager")
+		addState(n, "/opt/gpu-operator/state-vgpu-device-manager")
+		addState(n, "/opt/gpu-operator/state-sandbox-validation")
+		addState(n, "/opt/gpu-operator/state-vfio-manager")
+		addState(n, "/opt/gpu-operator/state-sandbox-device-plugin")
+		addState(n, "/opt/gpu-operator/state-kata-device-plugin")
+		addState(n, "/opt/gpu-operator/state-kata-manager")
+		addState(n, "/opt/gpu-operator/state-cc-manager")
+"""
+
+
+def test_the_states_are_the_releases_addstate_calls_in_their_order() -> None:
+    release = re.findall(r'addState\(n, "/opt/gpu-operator/([^"]+)"\)', STATE_MANAGER_INIT_V26_7_0)
+    assert len(release) == 20
+    assert tuple(release) == states.STATES
 
 
 def test_a_pass_walks_every_state_in_order_even_after_a_not_ready_one() -> None:
