@@ -11,9 +11,13 @@ RUN apt-get update -qq \
  && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /opt/gpulab
-# the dependencies first, in a layer of their own: a code change does not reinstall them
+# the dependencies first, in a layer of their own: a code change does not reinstall them.
+# host-ca.pem: `gpulab build --images` puts the host's CA bundle there (a TLS-inspecting
+# proxy's CA reaches pip); empty in the repository, so a plain `docker build .` uses pip's.
 COPY pyproject.toml ./
+COPY harness/images/host-ca.pem /etc/gpulab/host-ca.pem
 RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+ && if [ -s /etc/gpulab/host-ca.pem ]; then export PIP_CERT=/etc/gpulab/host-ca.pem; fi \
  && pip install --no-cache-dir --quiet --progress-bar off -r /tmp/requirements.txt
 COPY Makefile ./
 COPY fake-gpu fake-gpu
@@ -23,7 +27,8 @@ COPY harness harness
 COPY demos demos
 COPY manifests manifests
 # the gRPC stubs are generated into the image; `nvidia-smi` is the shim's (no real driver)
-RUN pip install --no-cache-dir --quiet --no-deps -e . \
+RUN if [ -s /etc/gpulab/host-ca.pem ]; then export PIP_CERT=/etc/gpulab/host-ca.pem; fi \
+ && pip install --no-cache-dir --quiet --no-deps -e . \
  && python -c "import gpulab.deviceplugin.api" \
  && ln -s "$(command -v fake-nvidia-smi)" /usr/local/bin/nvidia-smi
 # pynvml loads libnvidia-ml.so.1 from the library path: the shim stands in for the driver

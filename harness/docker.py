@@ -49,6 +49,7 @@ from gpulab.wait import WaitTimeout, wait_for
 from harness import addons, pki
 from harness.backends import SYSTEM_NAMESPACE, ClusterAPI, ready_nodes
 from harness.binaries import KIND, verify
+from harness.engine import missing_capabilities
 from harness.errors import HarnessError
 from harness.spec import PROFILE_MOUNT, ClusterSpec, NodeSpec, node_labels
 
@@ -56,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "gpulab:dev"
 K3S_IMAGE = "rancher/k3s:v1.36.3-k3s1"
 KIND_VERSION = "v0.33.0"
+CAP_SYS_RESOURCE = 24
 # kind v0.33.0's release notes list this image (with its digest, as kind asks images to be
 # pinned) for Kubernetes 1.36; kind published no v1.36.3 node image.
 KIND_NODE_IMAGE = (
@@ -77,12 +79,13 @@ def run_command(argv: Sequence[str]) -> None:
 # ---------------------------------------------------------------- Docker Engine API
 
 
-def engine() -> docker.DockerClient:
+def engine(timeout: float = 10) -> docker.DockerClient:
     """A client for the Docker engine ($DOCKER_HOST, else the default socket); raises
-    HarnessError with the reason when no engine answers."""
+    HarnessError with the reason when no engine answers. ``timeout`` bounds each call:
+    image builds and commits take minutes."""
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
-        return docker.from_env(timeout=10)  # asks the engine its API version: it must answer
+        return docker.from_env(timeout=timeout)  # asks the engine its API version
     except DockerException as exc:
         reason = str(exc).split("(Caused by", 1)[0].strip().rstrip(":")
         raise HarnessError(f"no Docker engine answers at {where}: {reason}") from None
@@ -179,6 +182,7 @@ def kind_config(
     machine_dir: Path | None = None,
     node_image: str = KIND_NODE_IMAGE,
     cgroup_v1: bool = False,
+    restrict_oom_score_adj: bool = False,
 ) -> dict[str, Any]:
     """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node,
     registered under the spec node's name (kubeadm's ``nodeRegistration.name``), so
@@ -187,7 +191,10 @@ def kind_config(
     Each GPU worker mounts its GPU profile; with ``machine_dir`` (where `up` writes them)
     also the lab's machine file (the node's NUMA layout) where the topology updater reads it.
     The lab's own node image (built offline, harness/images) carries CoreDNS v1.14.3, one
-    patch ahead of what kubeadm v1.36.3 names, so kubeadm is told its tag.
+    patch ahead of what kubeadm v1.36.3 names, so kubeadm is told its tag. Where the node
+    containers lack CAP_SYS_RESOURCE (``restrict_oom_score_adj``), no process in them may
+    lower an OOM score, and runc fails every pod sandbox asking for -998: containerd is
+    told to keep scores at or above its own, as kind's entrypoint does for rootless nodes.
     """
     nodes: list[dict[str, Any]] = [{"role": "control-plane", "image": node_image}]
     for node in spec.nodes:
@@ -236,6 +243,10 @@ def kind_config(
         patches.append(yaml.safe_dump(dns, sort_keys=False))
     if patches:
         config["kubeadmConfigPatches"] = patches
+    if restrict_oom_score_adj:
+        config["containerdConfigPatches"] = [
+            '[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true\n'
+        ]
     return config
 
 
@@ -353,6 +364,7 @@ class DockerCluster(ClusterAPI):
                 machine_dir=machines,
                 node_image=node_image,
                 cgroup_v1=host_is_cgroup_v1(),
+                restrict_oom_score_adj=CAP_SYS_RESOURCE in missing_capabilities(),
             )
             path.write_text(yaml.safe_dump(config, sort_keys=False))
         else:

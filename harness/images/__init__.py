@@ -30,6 +30,7 @@ import io
 import json
 import os
 import socket
+import ssl
 import subprocess
 import tarfile
 import tempfile
@@ -37,10 +38,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import docker
-from docker.errors import APIError, ImageNotFound
+import docker.utils as docker_utils
+from docker.errors import APIError, DockerException, ImageNotFound
+from requests import RequestException
 
 from gpulab.state import cache_dir
 from harness import binaries, engine
@@ -64,6 +67,7 @@ PYTHON_IMAGE = "python:3.11-slim"
 PAUSE = "registry.k8s.io/pause:3.10"
 PAUSE_SOURCE_VERSION = "3.10.2"  # build/pause/Makefile TAG at kubernetes v1.36.3
 REGISTRY = "registry-1.docker.io"
+BUILD_TIMEOUT = 900.0  # one Engine API call: a build step, a commit of the node image
 # Workload images the chapters' pods name. Where no registry answers, a stand-in is built
 # under the same name (labelled io.gpulab.stand-in): the lab's image, whose nvidia-smi is
 # the NVML shim's, so `nvidia-smi -L` in a GPU pod lists the GPUs its container was given.
@@ -86,7 +90,7 @@ class Recipe:
         for name, path in sorted(self.files.items()):
             for member, source in _walk(name, path):
                 st = source.stat()
-                digest.update(f"{member}:{st.st_size}:{st.st_mtime_ns}".encode())
+                digest.update(f"{member}:{st.st_size}:{st.st_mtime_ns}:{st.st_mode}".encode())
         return digest.hexdigest()[:20]
 
 
@@ -424,12 +428,44 @@ def _exec(container: Any, argv: list[str]) -> str:
 # ------------------------------------------------------------- 5. the lab's component image
 
 
+HOST_CA = "harness/images/host-ca.pem"  # empty in the repository; see lab_context
+
+
+def host_ca_bundle() -> Path | None:
+    """The CA bundle this host's own TLS clients trust (where a proxy re-signs TLS, as
+    here, pip in a container needs it too): $SSL_CERT_FILE, else OpenSSL's default."""
+    for candidate in (os.environ.get("SSL_CERT_FILE"), ssl.get_default_verify_paths().cafile):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def lab_context() -> IO[bytes]:
+    """The repository as `docker build .` sends it (.dockerignore applied), with this
+    host's CA bundle in place of the empty ``harness/images/host-ca.pem``: the Dockerfile
+    gives it to pip, so the image builds behind a TLS-inspecting proxy; built by hand, the
+    file stays empty and pip keeps its own bundle."""
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    exclude = [x.strip() for x in ignore if x.strip() and not x.startswith("#")] + [HOST_CA]
+    context = docker_utils.tar(str(ROOT), exclude=exclude)
+    bundle = host_ca_bundle()
+    with tarfile.open(fileobj=context, mode="a") as tar:
+        _add_bytes(tar, HOST_CA, bundle.read_bytes() if bundle else b"", 0o644)
+    context.seek(0)
+    return context
+
+
 def build_lab(client: docker.DockerClient, progress: Progress, base: str) -> None:
     """The repository's Dockerfile (docker's layer cache makes an unchanged rebuild fast)."""
     progress(f"{LAB}: building from {ROOT / 'Dockerfile'} on {base}")
     try:
         stream = client.api.build(
-            path=str(ROOT), tag=LAB, rm=True, decode=True, buildargs={"BASE_IMAGE": base}
+            fileobj=lab_context(),
+            custom_context=True,
+            tag=LAB,
+            rm=True,
+            decode=True,
+            buildargs={"BASE_IMAGE": base},
         )
         follow_build(stream, progress, LAB)
     except APIError as exc:
@@ -474,11 +510,21 @@ def ensure_images(progress: Progress, offline: bool | None = None) -> KindImages
     ``offline`` None: pull the pinned official images where a registry answers, else build;
     True: build everything here (``gpulab build --images --offline``).
     """
-    from harness.docker import KIND_NODE_IMAGE
     from harness.docker import engine as docker_engine
 
     engine.ensure_engine(progress)
-    client = docker_engine()
+    client = docker_engine(timeout=BUILD_TIMEOUT)
+    try:
+        return _ensure_images(client, progress, offline)
+    except (DockerException, RequestException) as exc:
+        raise HarnessError(f"building the kind images failed: {exc}") from None
+
+
+def _ensure_images(
+    client: docker.DockerClient, progress: Progress, offline: bool | None
+) -> KindImages:
+    from harness.docker import KIND_NODE_IMAGE
+
     binaries.build_from_source((binaries.KIND,), progress)
     if offline is None:
         offline = not registry_answers()
@@ -502,6 +548,8 @@ def ensure_images(progress: Progress, offline: bool | None = None) -> KindImages
     build(client, kind_base(), progress)
     build_node(client, [r.tag for r in recipes], progress)
     build_lab(client, progress, BASE)
+    lab_id = str(client.images.get(LAB).id)  # a new gpulab:dev rebuilds the stand-ins
     for stand_in in STAND_INS:
-        build(client, Recipe(stand_in, "stand-in.Dockerfile", buildargs={"LAB": LAB}), progress)
+        args = {"LAB": LAB, "LAB_ID": lab_id}
+        build(client, Recipe(stand_in, "stand-in.Dockerfile", buildargs=args), progress)
     return KindImages(NODE, [LAB, *STAND_INS])

@@ -3,6 +3,7 @@
 # runs; its nvidia-smi reads the NVML shim (the GPUs the device plugin gave the container).
 ARG LAB
 FROM ${LAB}
-LABEL io.gpulab.stand-in="true"
+ARG LAB_ID
+LABEL io.gpulab.stand-in="true" io.gpulab.lab-image="${LAB_ID}"
 ENTRYPOINT []
 CMD ["/bin/bash"]

@@ -245,6 +245,10 @@ def test_the_offline_node_image_names_its_coredns_and_cgroup_v1_hosts_get_failcg
         "failCgroupV1": False,
     }
     assert dns == {"kind": "ClusterConfiguration", "dns": {"imageTag": "v1.14.3"}}
+    assert "containerdConfigPatches" not in cfg
+    short = kind_config(load("default"), restrict_oom_score_adj=True)  # no CAP_SYS_RESOURCE
+    (toml,) = short["containerdConfigPatches"]
+    assert toml == '[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true\n'
     scheduling = kind_config(load("scheduling"), cgroup_v1=True)
     (patch,) = scheduling["kubeadmConfigPatches"]  # one KubeletConfiguration, both settings
     assert yaml.safe_load(patch)["failCgroupV1"] is False
