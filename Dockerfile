@@ -3,11 +3,25 @@
 # BASE_IMAGE: python:3.11-slim where a registry answers; offline, the lab's Debian
 # bookworm base (harness/images), whose python3 is 3.11 from Debian's packages.
 ARG BASE_IMAGE=python:3.11-slim
-FROM ${BASE_IMAGE}
+
+# the NVML shim, compiled in a stage of its own: the image carries no compiler (kind loads
+# the image into every node, so its size is paid at each cluster start)
+FROM ${BASE_IMAGE} AS shim
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      gcc libc6-dev make $(command -v python3 >/dev/null || echo python3 python3-venv) \
- && rm -rf /var/lib/apt/lists/* \
+      gcc libc6-dev make \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY fake-gpu fake-gpu
+RUN make -C fake-gpu
+
+FROM ${BASE_IMAGE}
+RUN if ! command -v python3 >/dev/null; then \
+      apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+           python3 python3-venv \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi \
  && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /opt/gpulab
@@ -21,7 +35,7 @@ RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.tom
  && pip install --no-cache-dir --quiet --progress-bar off -r /tmp/requirements.txt
 COPY Makefile ./
 COPY fake-gpu fake-gpu
-RUN make -C fake-gpu
+COPY --from=shim /src/fake-gpu/build fake-gpu/build
 COPY gpulab gpulab
 COPY harness harness
 COPY demos demos

@@ -30,14 +30,20 @@ NAMESPACE = "demo-cluster"
 IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 
 
-def gpu_pod_spec(gpus: int, restart_policy: str = "Always") -> client.V1PodSpec:
+def gpu_pod_spec(
+    gpus: int, restart_policy: str = "Always", seconds: int | None = None
+) -> client.V1PodSpec:
+    """One CUDA container asking for ``gpus``. Where a real kubelet runs it (kind) it lists
+    its GPUs and then holds them for ``seconds`` (None: until deleted); on the local
+    backend kwok plays that lifetime (pod-complete's delay annotation, see gpu_job)."""
+    hold = "exec sleep infinity" if seconds is None else f"sleep {seconds}"
     return client.V1PodSpec(
         restart_policy=restart_policy,
         containers=[
             client.V1Container(
                 name="cuda",
                 image=IMAGE,
-                command=["nvidia-smi", "-L"],
+                command=["sh", "-c", f"nvidia-smi -L; {hold}"],
                 resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": str(gpus)}),
             )
         ],
@@ -56,7 +62,7 @@ def gpu_job(name: str, gpus: int, seconds: int = 2) -> client.V1Job:
         metadata=client.V1ObjectMeta(
             annotations={"pod-complete.stage.kwok.x-k8s.io/delay": f"{seconds}s"}
         ),
-        spec=gpu_pod_spec(gpus, restart_policy="Never"),
+        spec=gpu_pod_spec(gpus, restart_policy="Never", seconds=seconds),
     )
     return client.V1Job(
         metadata=client.V1ObjectMeta(name=name, namespace=NAMESPACE),

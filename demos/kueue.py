@@ -120,7 +120,7 @@ def queued_job(
     name: str, queue: str, gpus: int, seconds: int, priority_class: str | None = None
 ) -> client.V1Job:
     """A one-pod GPU Job for LocalQueue ``queue``; kwok completes its pod after ``seconds``."""
-    spec = gpu_pod_spec(gpus, restart_policy="Never")
+    spec = gpu_pod_spec(gpus, restart_policy="Never", seconds=seconds)
     labels = {kueue.QUEUE_LABEL: queue}
     if priority_class:
         labels[kueue.PRIORITY_CLASS_LABEL] = priority_class

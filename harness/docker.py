@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -326,10 +327,12 @@ class DockerCluster(ClusterAPI):
             ["k3d", "kubeconfig", "write", name, "--output", str(self.kubeconfig)],
         ]
 
-    def commands_load(self, *images: str) -> list[str]:
+    def commands_load(self, *images: str, nodes: list[str] | None = None) -> list[str]:
+        """``nodes``: the kind node containers to load into (all where None)."""
         images = images or (IMAGE,)
         if self.tool == "kind":
-            return [self.cli(), "load", "docker-image", *images, "--name", self.spec.name]
+            where = ["--nodes", ",".join(nodes)] if nodes else []
+            return [self.cli(), "load", "docker-image", *images, "--name", self.spec.name, *where]
         return ["k3d", "image", "import", *images, "--cluster", self.spec.name]
 
     def commands_down(self) -> list[list[str]]:
@@ -398,9 +401,11 @@ class DockerCluster(ClusterAPI):
             build_image(engine(), progress)
             self.write_config()
             to_load = [IMAGE]
+        started = time.monotonic()
         for argv in self.commands_up():
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
+        progress(f"{self.tool} cluster created in {time.monotonic() - started:.0f}s")
         self.load_image(to_load, progress)
         if self.tool == "kind":
             self._install_fake_driver(progress)
@@ -491,13 +496,29 @@ class DockerCluster(ClusterAPI):
             ) from None
 
     def load_image(self, images: list[str], progress: Progress) -> None:
-        """`kind load docker-image` / `k3d image import`, once the engine has the images."""
+        """`kind load docker-image` / `k3d image import`, once the engine has the images.
+        kind: into the workers only (the control plane runs no lab pod: it is tainted)."""
         client = engine()
         for image in images:
             require_image(client, image)
-        argv = self.commands_load(*images)
+        workers = None
+        if self.tool == "kind":
+            workers = sorted(
+                c.name
+                for c in client.containers.list(
+                    filters={
+                        "label": [
+                            f"io.x-k8s.kind.cluster={self.spec.name}",
+                            "io.x-k8s.kind.role=worker",
+                        ]
+                    }
+                )
+            )
+        argv = self.commands_load(*images, nodes=workers)
         progress(f"$ {' '.join(argv)}")
+        started = time.monotonic()
         self.run(argv)
+        progress(f"loaded {', '.join(images)} in {time.monotonic() - started:.0f}s")
 
     def down(self, progress: Progress) -> None:
         for argv in self.commands_down():

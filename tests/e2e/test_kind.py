@@ -9,6 +9,7 @@ every pod's container runs in containerd.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -90,7 +91,9 @@ def test_the_device_plugin_registers_with_the_real_kubelet(kind: Cluster) -> Non
         ["docker", "exec", node, "crictl", "ps", "--name", "device-plugin", "-o", "json"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    assert '"state": "CONTAINER_RUNNING"' in crictl
+    (container,) = json.loads(crictl)["containers"]
+    assert container["state"] == "CONTAINER_RUNNING"
+    assert container["image"]["userSpecifiedImage"] == "gpulab:dev"
     (pod,) = kind.backend.component_pods(COMPONENT, A100)
     logs = client.CoreV1Api(kind.api).read_namespaced_pod_log(
         pod.metadata.name, SYSTEM_NAMESPACE, container="device-plugin"
@@ -136,3 +139,89 @@ def test_an_xid_takes_a_gpu_out_of_the_real_kubelets_allocatable(kind: Cluster) 
     kind.backend.clear_faults(A100)
     kind.backend.restart(COMPONENT, A100)
     wait_for(lambda: _allocatable(kind, A100) == gpus, 90, "all GPUs back after a restart")
+
+
+# ------------------------------------------------------------------ the other chapters
+
+
+def test_hami_places_a_vgpu_pod_and_its_container_gets_the_limits(kind: Cluster, ns: str) -> None:
+    """webhook → hami-scheduler (the stock kube-scheduler) → /filter, /bind → HAMi's device
+    plugin's Allocate through the real kubelet: the container gets one T4 and its share."""
+    from demos import hami as demo
+    from gpulab.hami import annotations as ha
+
+    kind.backend.ensure_addon("hami", print)
+    api = kind.api
+    client.CoreV1Api(api).create_namespaced_pod(ns, demo.vgpu_pod("vgpu", 3000, 30))
+
+    def allocated() -> dict | None:
+        pod = demo.read_pod(api, ns, "vgpu")
+        return pod if demo.allocated(pod) else None
+
+    pod = wait_for(allocated, 120, "the vGPU pod to be bound and allocated")
+    assert pod["spec"]["schedulerName"] == "hami-scheduler"  # the webhook set it
+    node, devices = demo.placement(pod)
+    assert node == T4
+    ((card,),) = devices
+    assert card.usedmem == 3000 and card.usedcores == 30
+    core = client.CoreV1Api(api)
+    wait_for(lambda: _running(core, ns, "vgpu"), 120, "the vGPU pod to run")
+    envs = kind.backend.allocation(ns, "vgpu", "cuda")
+    assert envs is not None
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == card.uuid
+    assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert demo.annotations(pod)[ha.BIND_PHASE] == ha.BIND_SUCCESS
+
+
+def test_kueue_admits_within_quota_and_keeps_the_rest_suspended(kind: Cluster, ns: str) -> None:
+    """A ClusterQueue of 2 GPUs: the first 2-GPU Job is admitted (unsuspended, its pod runs
+    in containerd), the second waits suspended until the first finishes."""
+    from demos import kueue as kq
+
+    kind.backend.ensure_addon("kueue", print)
+    api = kind.api
+    flavor, cq, lq = f"kind-{ns}", f"kind-{ns}", "team"
+    kq.create(api, kq.flavor(flavor))
+    kq.create(api, kq.cluster_queue(cq, ns, 2, flavor))
+    kq.create(api, kq.local_queue(lq, ns, cq))
+    batch = client.BatchV1Api(api)
+    try:
+        batch.create_namespaced_job(ns, kq.queued_job("first", lq, 2, seconds=20))
+        wait_for(lambda: not kq.suspended(api, ns, "first"), 60, "the first Job's admission")
+        batch.create_namespaced_job(ns, kq.queued_job("second", lq, 2, seconds=1))
+        core = client.CoreV1Api(api)
+
+        def first_runs() -> bool:
+            pods = core.list_namespaced_pod(ns, label_selector="job-name=first").items
+            return any(p.status.phase == "Running" for p in pods)
+
+        wait_for(first_runs, 120, "the first Job's pod to run")
+        assert kq.suspended(api, ns, "second")
+        assert kq.reason(kq.workload_of(api, ns, "second"), "QuotaReserved", "False")
+        wait_for(lambda: not kq.suspended(api, ns, "second"), 120, "the second Job's turn")
+    finally:
+        kq.delete_cluster_objects(api, ("ClusterQueue", cq), ("ResourceFlavor", flavor))
+
+
+def test_volcano_binds_a_gang_whole(kind: Cluster, ns: str) -> None:
+    """A vcjob of 3 one-GPU tasks, minAvailable 3: one session binds all three; kubelet runs
+    them."""
+    from gpulab.volcano import objects as vo
+    from gpulab.volcano.client import VolcanoClient
+
+    kind.backend.ensure_addon("volcano", print)
+    task = vo.task("worker", 3, gpus=1, cpu="50m", memory="32Mi")
+    task["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": A100}
+    job = vo.vcjob("gang", [task], queue="default", min_available=3, namespace=ns)
+    vc = VolcanoClient(kind.api)
+    vc.create_job(ns, job)
+    core = client.CoreV1Api(kind.api)
+
+    def running() -> int:
+        pods = core.list_namespaced_pod(ns).items
+        return sum(p.status.phase == "Running" and p.spec.node_name == A100 for p in pods)
+
+    wait_for(lambda: running() == 3, 180, "the gang's three pods to run")
+    pods = core.list_namespaced_pod(ns).items
+    assert {p.spec.scheduler_name for p in pods} == {"volcano"}
