@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from gpulab.errors import UserError
+from gpulab.framework.runtime import go_duration
 
 SCHEDULER_NAME = "hami-scheduler"
 
@@ -145,15 +146,8 @@ def parse_go_duration(value: str, flag: str) -> dt.timedelta:
 
 
 def go_duration_string(delta: dt.timedelta) -> str:
-    """``time.Duration.String()`` for whole seconds and minutes ("5m0s", "28s")."""
-    total = int(delta.total_seconds())
-    hours, rest = divmod(total, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{seconds}s"
-    if minutes:
-        return f"{minutes}m{seconds}s"
-    return f"{seconds}s"
+    """``time.Duration.String()``: "5m0s", "28s", "300ms" (the framework's formatter)."""
+    return go_duration(delta.total_seconds())
 
 
 def parse_string_to_string(value: str, flag: str) -> dict[str, str]:
