@@ -7,7 +7,10 @@ Mirrors Project-HAMi/HAMi v2.10.0 ``cmd/scheduler/metrics.go`` (``ClusterManager
 ``hami_node_gpu_memory_allocated_ratio``, ``hami_resource_quota_used`` /
 ``hami_resource_quota_limit``, ``hami_vgpu_memory_allocated_bytes``,
 ``hami_vgpu_core_allocated_ratio``, all with the constant label ``zone="vGPU"``; with
-``--legacy-metrics`` also the pre-2.9 names ``GPUDeviceMemoryLimit`` ...) and
+``--legacy-metrics`` also the pre-2.9 names ``GPUDeviceMemoryLimit``, ``GPUDeviceCoreLimit``,
+``GPUDeviceMemoryAllocated``, ``GPUDeviceSharedNum``, ``GPUDeviceCoreAllocated``,
+``nodeGPUOverview``, ``nodeGPUMemoryPercentage``, ``QuotaUsed``, ``vGPUMemoryAllocated``,
+``vGPUCoreAllocated``) and
 ``pkg/metrics/metrics.go`` (``hami_build_info``).
 
 Differences, named: the gauges are computed at scrape time from the live usage (upstream
@@ -103,6 +106,16 @@ class ClusterManagerCollector(Collector):
             "core_alloc": _family(
                 "GPUDeviceCoreAllocated", "Device core allocated for a certain GPU", _LEGACY_DEV
             ),
+            "overview": _family(
+                "nodeGPUOverview",
+                "GPU overview on a certain node",
+                [*_LEGACY_DEV[:3], "devicecores", "devicememorylimit", "devicetype"],
+            ),
+            "mem_pct": _family(
+                "nodeGPUMemoryPercentage",
+                "GPU Memory Allocated Percentage on a certain GPU",
+                ["nodeid", "deviceuuid", "deviceidx"],
+            ),
         }
         for node, cards in sorted(usage.items()):
             for c in cards:
@@ -127,6 +140,14 @@ class ClusterManagerCollector(Collector):
                 )
                 legacy["shared"].add_metric([*dev, ZONE], c.used)
                 legacy["core_alloc"].add_metric([*dev, ZONE], c.usedcores)
+                legacy["overview"].add_metric(
+                    [node, c.id, str(c.index), str(c.totalcore), str(c.totalmem), c.type, ZONE],
+                    c.usedmem * MIB,
+                )
+                if c.totalmem > 0:
+                    legacy["mem_pct"].add_metric(
+                        [node, c.id, str(c.index), ZONE], c.usedmem / c.totalmem
+                    )
         yield from f.values()
         yield from self._quotas()
         yield from self._containers()

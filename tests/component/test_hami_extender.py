@@ -611,7 +611,22 @@ def test_metrics_use_the_release_names_and_labels() -> None:
     lab = names - {n for n in names if n.startswith("hami_")}
     assert lab == {"gpulab_extender_request_duration_seconds", "gpulab_extender_requests"}
     legacy = ExtenderMetrics(world.scheduler, legacy=True)
-    assert "GPUDeviceMemoryAllocated" in {m.name for m in legacy.registry.collect()}
+    legacy_samples = {
+        (s.name, s.labels.get("deviceuuid")): s
+        for m in legacy.registry.collect()
+        for s in m.samples
+    }
+    # every pre-2.9 family v2.10.0's --legacy-metrics still emits (no MIG pod here)
+    assert {name for name, _ in legacy_samples} - names == {
+        "GPUDeviceMemoryLimit", "GPUDeviceCoreLimit", "GPUDeviceMemoryAllocated",
+        "GPUDeviceSharedNum", "GPUDeviceCoreAllocated", "nodeGPUOverview",
+        "nodeGPUMemoryPercentage", "QuotaUsed", "vGPUMemoryAllocated", "vGPUCoreAllocated",
+    }  # fmt: skip
+    overview = legacy_samples[("nodeGPUOverview", "GPU-gpu-node-1-00")]
+    assert overview.labels["devicememorylimit"] == "40960" and overview.value == 10000 * 2**20
+    pct = legacy_samples[("nodeGPUMemoryPercentage", "GPU-gpu-node-1-00")]
+    assert set(pct.labels) == {"nodeid", "deviceuuid", "deviceidx", "zone"}
+    assert pct.value == pytest.approx(10000 / 40960)
 
 
 def test_webhook_fixtures(serve: Any) -> None:
