@@ -502,6 +502,23 @@ def test_time_slicing_from_the_config_file(kubelet: FakeKubelet, run_plugin) -> 
     assert len({i.split("::")[0] for i in got.deviceIDs}) == 3
 
 
+def test_an_xid_on_a_time_sliced_gpu_takes_one_replica_out_as_v0_20_0(
+    kubelet: FakeKubelet, run_plugin, state_dir: Path
+) -> None:
+    """health.go's parentToDeviceMap keeps one device per GPU: 1 of the GPU's 4 replicas
+    goes Unhealthy (allocatable drops by one), the other 3 stay Healthy."""
+    plugin = run_plugin("a100-sxm4-40gb-x8", config=TIME_SLICED)
+    kubelet.next_request()
+    watcher = plugin.watch()
+    watcher.next()
+    watching(plugin.log)
+    fake_gpu(state_dir, "inject", "--gpu", "2", "--xid", "79")
+    update = watcher.next(timeout=10)
+    assert [i for i, h in update.items() if h == "Unhealthy"] == [f"{gpu_uuid(NODE, 2)}::3"]
+    assert sum(1 for h in update.values() if h == "Healthy") == 8 * 4 - 1
+    watcher.close()
+
+
 def test_a_mig_strategy_flag_overrides_the_config_file(kubelet: FakeKubelet, run_plugin) -> None:
     run_plugin("a100-80gb-mig-x8", "--mig-strategy", "none", config=MIXED)
     assert kubelet.next_request().resource_name == "nvidia.com/gpu"
