@@ -269,7 +269,12 @@ def test_an_xid_makes_the_gpu_unhealthy_for_as_long_as_the_plugin_runs(
     restarted = run_plugin()
     kubelet.next_request()
     fresh = restarted.watch()
-    assert fresh.next() == dict.fromkeys(uuids(8), "Healthy")
+    assert fresh.next() == dict.fromkeys(uuids(8), "Healthy")  # every first list is
+    watching(restarted.log)
+    assert fresh.none_within(3.0)  # GPU 5's fault, still active in the driver: not replayed
+    fake_gpu(state_dir, "inject", "--gpu", "6", "--xid", "79")  # positive control
+    after = fresh.next(timeout=10)
+    assert [u for u, h in after.items() if h == "Unhealthy"] == [gpu_uuid(NODE, 6)]
     fresh.close()
 
 
@@ -325,6 +330,11 @@ def test_a_fault_from_before_the_start_is_not_seen(
     kubelet.next_request()
     watcher = plugin.watch()
     assert watcher.next() == dict.fromkeys(uuids(8), "Healthy")
+    watching(plugin.log)
+    assert watcher.none_within(3.0)  # the earlier fault never arrives ...
+    fake_gpu(state_dir, "inject", "--gpu", "1", "--xid", "79")  # ... a later one does
+    later = watcher.next(timeout=10)
+    assert [u for u, h in later.items() if h == "Unhealthy"] == [gpu_uuid(NODE, 1)]
     watcher.close()
 
 
