@@ -1,20 +1,30 @@
-"""HAMi mode of the device plugin: node registration, Allocate from the pod's annotations,
-and releasing the node lock once the pod is allocated.
+"""HAMi mode of the device plugin: its devices, node registration, Allocate from the pod's
+annotations, and releasing the node lock once the pod is allocated.
 
-Mirrors Project-HAMi/HAMi v2.10.0 ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/``:
-- ``register.go``: ``getAPIDevices`` (one ``DeviceInfo`` per GPU, mode ``hami-core``),
+Mirrors Project-HAMi/HAMi v2.10.0 ``pkg/device-plugin/nvidiadevice/nvinternal/``:
+- ``plugin/server.go`` ``readFromConfigFile`` (this node's entry of ``config.json``:
+  ``operatingmode``, ``devicesplitcount``, ``enablenumatopology``,
+  ``enablegetpreferredallocation``, over the device config's node defaults) and
+  ``rm/devices.go`` ``GetPluginDevices``: each GPU advertised to kubelet as
+  ``deviceSplitCount`` IDs ``<uuid>-<n>`` (not NVIDIA's time-slicing replicas
+  ``<uuid>::<n>``), with the GPU's NUMA node only when ``enableNumaTopology`` is on; an Xid
+  marks the GPU, so all its IDs go Unhealthy together. HAMi's plugin writes no GFD labels;
+- ``plugin/register.go``: ``getAPIDevices`` (one ``DeviceInfo`` per GPU, mode ``hami-core``),
   ``RegisterInAnnotation`` (patches ``hami.io/node-nvidia-register`` only when the encoded
   list changed, plus ``hami.io/node-nvidia-score`` when ``ENABLE_TOPOLOGY_SCORE=true``) and
   ``WatchAndRegister`` (every 30 s, 5 s after an error). v2.10 writes no handshake: the
   scheduler judges health from ``nvidia.com/gpu`` allocatable;
-- ``server.go`` ``Allocate`` / ``GetPreferredAllocation`` and ``util.go``
-  (``GetPendingPod`` via ``GetAllocatePodByNode`` — the pod named by the node lock first —,
-  ``popNextContainerDevices``, ``patchErasedAnnotation``, ``PodAllocationTrySuccess``,
-  ``PodAllocationFailed``): the devices a container gets are the next non-empty slot of
-  ``hami.io/vgpu-devices-to-allocate`` (init containers first); when no slot is left the pod
-  is marked ``hami.io/bind-phase: success`` and ``hami.io/mutex.lock`` is released
-  (``nodelock.ReleaseNodeLock``, shared with the extender); a failure marks it ``failed``
-  and releases the lock too.
+- ``plugin/server.go`` ``Allocate`` / ``GetPreferredAllocation``
+  (``selectPreferredDeviceIDsFromAnnotatedDevices``: must-include IDs count against the GPUs
+  HAMi assigned, one free ID of each other GPU; no answer for a container it cannot serve),
+  ``alignContainerDevicesWithAllocatedIDs`` (only with ``enablegetpreferredallocation``)
+  and ``plugin/util.go`` (``GetPendingPod`` via ``GetAllocatePodByNode`` — the pod named
+  by the node lock first —, ``popNextContainerDevices``, ``patchErasedAnnotation``,
+  ``PodAllocationTrySuccess``, ``PodAllocationFailed``): the devices a container gets are
+  the next non-empty slot of ``hami.io/vgpu-devices-to-allocate`` (init containers first);
+  when no slot is left the pod is marked ``hami.io/bind-phase: success`` and
+  ``hami.io/mutex.lock`` is released (``nodelock.ReleaseNodeLock``, shared with the
+  extender); a failure marks it ``failed`` and releases the lock too.
 
 Differences, named: a health change re-registers at once (upstream waits for its next 30 s
 pass); the pair scores come from the NUMA node and NVLink peers the plugin already read
@@ -26,10 +36,13 @@ envs are not set (there is no hami-core in the lab).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kubernetes import client
@@ -41,16 +54,18 @@ from gpulab.deviceplugin.allocate import (
     ContainerAllocation,
     DeviceSpec,
 )
-from gpulab.deviceplugin.rm import Device, GPUInfo
+from gpulab.deviceplugin.rm import GPU_RESOURCE, Device, GPUInfo, ResourceSpec, base_id
 from gpulab.hami import annotations as ha
 from gpulab.hami import nodelock
 from gpulab.hami.cluster import Cluster, ClusterError, KubeCluster
+from gpulab.hami.config import ConfigError, MigAllowlist, NvidiaConfig
 from gpulab.trace import ObjectRef, Tracer
 
 _log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL = 30.0
 ERROR_INTERVAL = 5.0
+NODE_CONFIG_FILE = "/config/config.json"  # upstream's ConfigFilePath (the lab takes a flag)
 TOPOLOGY_ENV = "ENABLE_TOPOLOGY_SCORE"
 # links.go / calculate_score.go: NVML_TOPOLOGY_NODE (same CPU) 20, SYSTEM (cross CPU) 10,
 # one NVLink 100.
@@ -60,6 +75,90 @@ Obj = dict[str, Any]
 
 
 # ---------------------------------------------------------------- pure
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What HAMi's plugin runs with on this node (``readFromConfigFile``): the device
+    config's node defaults, overridden by this node's entry of ``config.json``."""
+
+    operating_mode: str = ha.MODE_HAMI_CORE
+    device_split_count: int = ha.DEFAULT_SPLIT_COUNT
+    enable_numa_topology: bool = False
+    enable_get_preferred_allocation: bool = False
+    mig_profile_allowlist: tuple[MigAllowlist, ...] = ()
+
+
+_NODE_KEYS = {  # config.json key → NodeConfig field (mergo.WithOverride: a key given wins)
+    "operatingmode": "operating_mode",
+    "devicesplitcount": "device_split_count",
+    "enablenumatopology": "enable_numa_topology",
+    "enablegetpreferredallocation": "enable_get_preferred_allocation",
+}
+
+
+def node_config(device: NvidiaConfig, text: str, node: str, source: str) -> NodeConfig:
+    """``LoadNvidiaDevicePluginConfig``: the device config, then ``node``'s entry of the
+    device plugin's ``config.json`` (``{"nodeconfig": [{"name": ..., ...}]}``)."""
+    config = NodeConfig(
+        device_split_count=device.device_split_count,
+        enable_numa_topology=device.enable_numa_topology,
+        mig_profile_allowlist=device.mig_profile_allowlist,
+    )
+    try:
+        entries = json.loads(text).get("nodeconfig") or []
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ConfigError(f"{source}: not a JSON object with a nodeconfig list ({exc})") from exc
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("name") != node:
+            continue
+        given = {f: entry[k] for k, f in _NODE_KEYS.items() if entry.get(k) not in (None, "")}
+        config = replace(config, **given)
+    if config.operating_mode not in (ha.MODE_HAMI_CORE, ha.MODE_MIG):
+        raise ConfigError(
+            f"{source}: node {node}: operatingmode {config.operating_mode!r} is not simulated "
+            f"(use {ha.MODE_HAMI_CORE} or {ha.MODE_MIG}; mps needs an MPS daemon)"
+        )
+    if config.device_split_count < 1:
+        raise ConfigError(f"{source}: node {node}: devicesplitcount must be at least 1")
+    return config
+
+
+def plugin_devices(
+    gpus: Sequence[GPUInfo], split_count: int, numa_topology: bool
+) -> tuple[Device, ...]:
+    """``GetPluginDevices``: ``split_count`` IDs ``<uuid>-<n>`` per GPU, kubelet's units of
+    the GPU; the NUMA node only with ``enableNumaTopology`` (default off)."""
+    return tuple(
+        Device(
+            f"{g.uuid}-{n}",
+            g.uuid,
+            g.index,
+            (f"/dev/nvidia{g.minor}",),
+            g.numa_node if numa_topology else None,
+            replica=n,
+            index=str(g.index),
+        )
+        for g in gpus
+        for n in range(split_count)
+    )
+
+
+def plugin_resource(gpus: Sequence[GPUInfo], config: NodeConfig) -> ResourceSpec:
+    """The one resource HAMi's plugin serves: ``nvidia.com/gpu`` of every GPU's IDs."""
+    devices = plugin_devices(gpus, config.device_split_count, config.enable_numa_topology)
+    return ResourceSpec(GPU_RESOURCE, devices)
+
+
+def physical_device_id(device_id: str) -> str:
+    """``physicalDeviceID``: the GPU behind ``<uuid>::<n>`` or ``<uuid>-<n>`` (a GPU UUID
+    has 5 dashes, a HAMi ID one more, ending in a number)."""
+    if "::" in device_id:
+        return base_id(device_id)
+    head, dash, tail = device_id.rpartition("-")
+    if device_id.count("-") == 6 and dash and tail.isdigit():
+        return head
+    return device_id
 
 
 def node_devices(
@@ -133,18 +232,46 @@ def pop_next(
     raise AllocationError("no pending device allocation found")
 
 
-def align_replicas(
-    ctr: Sequence[ha.ContainerDevice], available: Sequence[str], devices: Mapping[str, Device]
-) -> list[str] | None:
-    """``selectPreferredDeviceIDsFromAnnotatedDevices``: one available replica ID per GPU
-    HAMi assigned, so kubelet's accounting matches HAMi's; None when they cannot cover it."""
-    chosen: list[str] = []
-    for d in ctr:
-        match = next((i for i in available if devices[i].uuid == d.uuid and i not in chosen), None)
-        if match is None:
-            return None
-        chosen.append(match)
-    return chosen
+def select_preferred(
+    available: Sequence[str],
+    required: Sequence[str],
+    desired: Sequence[ha.ContainerDevice],
+    size: int,
+) -> list[str]:
+    """``selectPreferredDeviceIDsFromAnnotatedDevices``: the must-include IDs, then one
+    available ID of each GPU HAMi assigned that they do not already stand for, so kubelet's
+    accounting matches HAMi's. AllocationError when they cannot cover it."""
+    if len(desired) < size:
+        raise AllocationError(
+            f"annotated devices {len(desired)} smaller than requested allocation size {size}"
+        )
+    selected = list(required)
+    required_by_gpu = Counter(physical_device_id(i) for i in required)
+    free: dict[str, list[str]] = {}
+    for device_id in available:
+        if device_id not in required:
+            free.setdefault(physical_device_id(device_id), []).append(device_id)
+    for dev in desired[:size]:
+        gpu = physical_device_id(dev.uuid)
+        if required_by_gpu[gpu] > 0:
+            required_by_gpu[gpu] -= 1
+            continue
+        if not free.get(gpu):
+            raise AllocationError(f"no available slice device found for annotated GPU {gpu}")
+        selected.append(free[gpu].pop(0))
+    if len(selected) != size:
+        raise AllocationError(f"preferred allocation selected {len(selected)} devices, want {size}")
+    return selected
+
+
+def align_devices(
+    ctr: Sequence[ha.ContainerDevice], ids: Sequence[str]
+) -> list[ha.ContainerDevice]:
+    """``alignContainerDevicesWithAllocatedIDs``: the GPUs behind the IDs kubelet chose
+    replace the annotation's, share by share."""
+    if len(ctr) != len(ids):
+        raise AllocationError("device number not matched")
+    return [replace(d, uuid=physical_device_id(i)) for d, i in zip(ctr, ids, strict=True)]
 
 
 def hami_allocation(
@@ -229,14 +356,20 @@ class HamiRegistrar(threading.Thread):
 
 class HamiAllocator:
     """Allocate from the pod annotations HAMi's scheduler wrote (the requested IDs are
-    opaque replicas); releases the node lock when the pod is done."""
+    kubelet's units of the GPUs); releases the node lock when the pod is done."""
 
     def __init__(
-        self, core: client.CoreV1Api, node: str, tracer: Tracer, cluster: Cluster | None = None
+        self,
+        core: client.CoreV1Api,
+        node: str,
+        tracer: Tracer,
+        config: NodeConfig | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self._cluster = cluster or KubeCluster(core.api_client)
         self._node = node
         self._tracer = tracer
+        self._config = config or NodeConfig()
         # kubelet may call Allocate concurrently; the pending-pod protocol is node-global
         self._apply = threading.Lock()
 
@@ -260,24 +393,28 @@ class HamiAllocator:
 
     def prefer(
         self,
+        index: int,
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
         devices: Mapping[str, Device],
     ) -> list[str] | None:
-        """``GetPreferredAllocation``: the replicas of the GPUs HAMi assigned to the next
-        container; None to let the plugin prefer by topology."""
-        if must_include:
-            return None
+        """``GetPreferredAllocation`` for container request ``index``: the IDs of the GPUs
+        HAMi assigned to the pending pod's ``index``-th waiting container; None (no answer
+        for it) when there is no such pod or slot, or they cannot be covered."""
         try:
             pod = self.pending_pod()
             slots = ha.decode_pod_devices(_annos(pod).get(ha.DEVICES_TO_ALLOCATE, ""))
         except (AllocationError, ClusterError, ha.AnnotationError):
             return None
         pending = [c for c in slots if c]
-        if not pending or len(pending[0]) < size:
+        if index >= len(pending):
             return None
-        return align_replicas(pending[0][:size], [i for i in available if i in devices], devices)
+        try:
+            return select_preferred(available, must_include, pending[index], size)
+        except AllocationError as exc:
+            _log.warning("err: %s", exc)
+            return None
 
     def allocate(
         self, requests: Sequence[Sequence[str]], devices: Mapping[str, Device]
@@ -307,6 +444,8 @@ class HamiAllocator:
                 _, ctr = pop_next(slots, n_init, n_app)
                 if len(ctr) != len(ids):
                     raise AllocationError("device number not matched")
+                if self._config.enable_get_preferred_allocation:
+                    ctr = align_devices(ctr, ids)
                 result.append(hami_allocation(ctr, paths))
             self._cluster.patch_pod_annotations(
                 meta["namespace"],

@@ -50,6 +50,7 @@ BIND_FAILED = "failed"
 
 DEVICE_TYPE = "NVIDIA"  # NvidiaGPUDevice: the device-type word in container device entries
 MODE_HAMI_CORE = "hami-core"
+MODE_MIG = "mig"
 DEFAULT_SPLIT_COUNT = 10
 DEFAULT_DEVCORE = 100
 

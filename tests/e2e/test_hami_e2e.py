@@ -92,12 +92,20 @@ def test_three_vgpu_pods_share_one_gpu_under_binpack(hami: Cluster, ns: str) -> 
     assert all(d.usedmem == 3000 and d.usedcores == 30 for _, devs in placed for d in devs)
     # the device plugin's Allocate set the hami-core limits for that very card
     pod = demo.read_pod(hami.api, ns, names[0])
-    envs = json.loads(demo.annotations(pod)["gpulab.io/allocate-cuda"])["envs"]
+    record = json.loads(demo.annotations(pod)["gpulab.io/allocate-cuda"])
+    envs = {k: v for k, v in record["envs"].items() if k != "FAKE_GPU_CONFIG"}
     assert envs == {
         "NVIDIA_VISIBLE_DEVICES": card,
         "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
         "CUDA_DEVICE_SM_LIMIT": "30",
     }
+    # kubelet's unit of the card is one of HAMi's IDs <uuid>-<n> (not <uuid>::<n>)
+    (unit,) = record["devices"]["nvidia.com/gpu"]
+    head, _, n = unit.rpartition("-")
+    assert head == card and n.isdigit() and 0 <= int(n) < 10
+    # HAMi's device plugin writes no GFD labels
+    labels = client.CoreV1Api(hami.api).read_node(A100).metadata.labels
+    assert not [k for k in labels if k.startswith("nvidia.com/gpu.")], labels
     # every slot erased (the empty tail slot is kept at each round, as upstream)
     assert demo.annotations(pod)[ha.DEVICES_TO_ALLOCATE] == ";;"
 
