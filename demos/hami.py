@@ -2,12 +2,15 @@
 
 A pod asking for ``nvidia.com/gpu: 1, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 30``
 goes: API server → the extender's mutating webhook (schedulerName ``hami-scheduler``) →
-the second kube-scheduler ``hami-scheduler`` → extender ``/filter`` (one node, one card,
-written on the pod: ``FilteringSucceed``) → extender ``/bind`` (takes the node lock
-``hami.io/mutex.lock``, marks the pod allocating, creates the Binding: ``BindingSucceed``)
-→ the node agent (kubelet's device manager) calls the device plugin's Allocate, which
-reads the annotations, sets the hami-core envs, marks ``hami.io/bind-phase=success`` and
-only then releases the node lock. The lock's life is narrated from the node's annotation.
+the second kube-scheduler ``hami-scheduler`` → extender ``/filter`` (one node, one card;
+Filter writes the choice on the pod: ``hami.io/vgpu-node`` and both
+``hami.io/vgpu-devices-to-allocate`` and ``hami.io/vgpu-devices-allocated``:
+``FilteringSucceed``) → extender ``/bind`` (takes the node lock ``hami.io/mutex.lock``,
+writes ``hami.io/bind-phase=allocating`` and ``hami.io/bind-time``, creates the Binding:
+``BindingSucceed``) → the node agent (kubelet's device manager) calls the device plugin's
+Allocate, which reads the annotations, sets the hami-core envs, marks
+``hami.io/bind-phase=success`` and only then releases the node lock. The lock's life is
+narrated from the node's annotation.
 
 Shown for three pods sharing one GPU (binpack), three pods on three GPUs (spread), and a
 pod no GPU can hold (Pending with the extender's reasons, one aggregated Warning); then the
@@ -216,17 +219,28 @@ def _explain(pod: Obj) -> None:
     console.print(table)
 
 
-def _allocation(pod: Obj) -> None:
-    name = pod["metadata"]["name"]
+def allocation_lines(pod: Mapping[str, Any]) -> list[str]:
+    """Who wrote what on the pod, in call-chain order: Filter the choice, Bind the phase
+    and time, Allocate (per container, recorded by the node agent) the envs."""
     annos = annotations(pod)
     node, devices = placement(pod)
     grants = ", ".join(f"{d.uuid} {d.usedmem}MiB {d.usedcores}%" for d in devices)
-    say(f"Bind: {name} → {node}; {ha.DEVICES_ALLOCATED}: {grants}")
+    lines = [
+        f"Filter wrote {ha.ASSIGNED_NODE}={node}, {ha.DEVICES_TO_ALLOCATE} and "
+        f"{ha.DEVICES_ALLOCATED}: {grants}",
+        f"Bind wrote {ha.BIND_PHASE}={ha.BIND_ALLOCATING} and {ha.BIND_TIME}="
+        f"{annos.get(ha.BIND_TIME, '?')}, then bound the pod to {node}",
+    ]
     for key, value in sorted(annos.items()):
         if key.startswith(ANNOTATION_PREFIX):
             envs = json.loads(value).get("envs", {})
             shown = ", ".join(f"{k}={v}" for k, v in sorted(envs.items()))
-            say(f"Allocate ({key.removeprefix(ANNOTATION_PREFIX)}): {shown}")
+            lines.append(f"Allocate ({key.removeprefix(ANNOTATION_PREFIX)}): {shown}")
+    lines.append(
+        f"Allocate erased {ha.DEVICES_TO_ALLOCATE} slot by slot and set "
+        f"{ha.BIND_PHASE}={annos.get(ha.BIND_PHASE)}"
+    )
+    return lines
 
 
 def _scene(api: client.ApiClient, policy: str, names: list[str], locks: LockWatch) -> list[Obj]:
@@ -244,7 +258,8 @@ def _scene(api: client.ApiClient, policy: str, names: list[str], locks: LockWatc
             f"{ha.NODE_LOCK} of {name} to be taken at Bind and released after Allocate",
         )
         _explain(pod)
-        _allocation(pod)
+        for line in allocation_lines(pod):
+            say(line)
         pods.append(pod)
     return pods
 
@@ -313,9 +328,10 @@ def run(args: argparse.Namespace) -> int:
         "HAMi (v2.10.0) - sharing GPUs by memory and cores",
         "GPU nodes register their cards in hami.io/node-nvidia-register; the extender's\n"
         "webhook sends vGPU pods to kube-scheduler 'hami-scheduler', which asks the\n"
-        "extender to Filter (one node, one card) and Bind. Bind takes the node lock\n"
-        "hami.io/mutex.lock; the device plugin's Allocate turns the pod's annotations into\n"
-        "NVIDIA_VISIBLE_DEVICES and hami-core limits, then releases the lock.",
+        "extender to Filter (one node, one card, written on the pod) and Bind. Bind takes\n"
+        "the node lock hami.io/mutex.lock and marks the pod allocating; the device plugin's\n"
+        "Allocate turns the pod's annotations into NVIDIA_VISIBLE_DEVICES and hami-core\n"
+        "limits, then releases the lock.",
     )
     _scheduler_pod(backend)
     gpus = registered_gpus(api)
