@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "faultlog.h"
+#include "hamicore.h"
 #include "mig.h"
 #include "nvml_types.h"
 
@@ -60,6 +61,7 @@ static struct fg_device g_ci[FG_MAX_GPUS * FG_MAX_MIG];
 /* NVLink wiring: the peer GPU behind each link of each GPU, -1 for an inactive link. */
 static int g_link_peer[FG_MAX_GPUS][NVML_NVLINK_MAX_LINKS];
 static struct fg_event_set *g_sets;
+static int g_hamicore; /* HAMi-core is in this process (fg_hamicore_load at init) */
 
 /* ---------------------------------------------------------------- init */
 
@@ -233,6 +235,7 @@ static nvmlReturn_t load_config(void)
     }
     wire_nvlinks();
     load_visible();
+    g_hamicore = fg_hamicore_load();
     return NVML_SUCCESS;
 }
 
@@ -584,17 +587,51 @@ static unsigned long long total_bytes(const struct fg_device *d)
     return mib * 1024ULL * 1024ULL;
 }
 
+NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index);
+NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount);
+
+/* HAMi-core's _nvmlDeviceGetMemoryInfo after the real call: the CUDA device of the GPU's
+ * index (nvml_to_cuda_map: the identity in an NVML-only process; none past the count);
+ * with a limit, total = limit, free = limit - usage, used = usage; without one, used =
+ * usage. usage is what the container's own CUDA allocations hold: nothing here. */
+static nvmlReturn_t hamicore_memory(nvmlDevice_t device, unsigned long long *total,
+                                    unsigned long long *free, unsigned long long *used)
+{
+    unsigned int index, count;
+    nvmlReturn_t rc = nvmlDeviceGetIndex(device, &index); /* fails for a MIG handle */
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = nvmlDeviceGetCount_v2(&count);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (index >= count)
+        return NVML_SUCCESS;
+    const unsigned long long usage = 0, limit = fg_hamicore_limit(index);
+    if (limit) {
+        *free = limit - usage;
+        *total = limit;
+    }
+    *used = usage;
+    return NVML_SUCCESS;
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
+    if (g_hamicore && !memory)
+        return NVML_SUCCESS; /* HAMi-core answers a NULL pointer before calling NVML */
     DEVICE(device, d, memory);
     memory->total = total_bytes(d);
     memory->free = memory->total;
     memory->used = 0;
+    if (g_hamicore)
+        return hamicore_memory(device, &memory->total, &memory->free, &memory->used);
     return NVML_SUCCESS;
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
+    if (g_hamicore && !memory)
+        return NVML_SUCCESS;
     DEVICE(device, d, memory);
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -602,6 +639,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory
     memory->reserved = 0;
     memory->free = memory->total;
     memory->used = 0;
+    if (g_hamicore)
+        return hamicore_memory(device, &memory->total, &memory->free, &memory->used);
     return NVML_SUCCESS;
 }
 
