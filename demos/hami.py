@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 import time
 from collections import defaultdict
@@ -54,6 +55,8 @@ from harness.backends import Backend, pod_ready
 
 NAMESPACE = "demo-hami"
 IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+LAB_IMAGE = "gpulab:dev"  # runs on every backend (the local pod runner runs it as a process)
+PRIORITY = "nvidia.com/priority"
 SPEC = "hami"  # the default cluster's device plugins do not register GPUs for HAMi
 MIB = 2**20
 
@@ -81,6 +84,46 @@ def vgpu_pod(name: str, mem: int, cores: int, gpu_policy: str | None = None) -> 
             ]
         },
     }
+
+
+def smi_pod(name: str, mem: int, cores: int) -> Obj:
+    """A vGPU pod of the lab's image whose container runs ``nvidia-smi`` over the NVML
+    shim and exits: its log is what the container sees of its GPU. ``gpulab fake-gpu run``
+    stands in for kubelet handing Allocate's response to the container where no kubelet
+    runs it (the local backend); under a real kubelet it runs nvidia-smi at once."""
+    pod = vgpu_pod(name, mem, cores)
+    ctr = pod["spec"]["containers"][0]
+    ctr["image"] = LAB_IMAGE
+    ctr["command"] = ["gpulab", "fake-gpu", "run", "--container", ctr["name"], "--", "nvidia-smi"]
+    pod["spec"]["restartPolicy"] = "Never"
+    return pod
+
+
+def let_pods_read_themselves(api: client.ApiClient, ns: str) -> None:
+    """RBAC for `gpulab fake-gpu run` on the local backend: the namespace's default
+    ServiceAccount may get pods (to read its own container's Allocate record)."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    name = "read-own-allocation"
+    rbac.create_namespaced_role(
+        ns,
+        {
+            "metadata": {"name": name},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+        },
+    )
+
+
+def smi_total_mib(log: str) -> list[int]:
+    """The total of each GPU in nvidia-smi's table ("    0MiB / 3000MiB ")."""
+    return [int(m) for m in re.findall(r"\d+MiB / (\d+)MiB", log)]
 
 
 def read_pod(api: client.ApiClient, ns: str, name: str) -> Obj:
@@ -264,6 +307,58 @@ def _scene(api: client.ApiClient, policy: str, names: list[str], locks: LockWatc
     return pods
 
 
+def _smi_scene(api: client.ApiClient, backend: Backend) -> str:
+    """A pod asking for 3000 MiB runs nvidia-smi: HAMi-core's limit is its GPU's memory."""
+    core = client.CoreV1Api(api)
+    let_pods_read_themselves(api, NAMESPACE)
+    say(f"create smi: {LAB_IMAGE}, gpumem 3000 MiB, gpucores 30 %; its container runs nvidia-smi")
+    core.create_namespaced_pod(NAMESPACE, smi_pod("smi", 3000, 30))
+    if not backend.runs_containers:
+        console.print(
+            "    (lab) no kubelet starts this container on a kwok node: `gpulab fake-gpu run` "
+            "waits for the node agent's record of its Allocate response and runs nvidia-smi "
+            "with those variables, as kubelet and the container runtime would"
+        )
+    pod = wait_for(
+        lambda: (
+            (p := read_pod(api, NAMESPACE, "smi"))
+            and p["status"].get("phase") in ("Succeeded", "Failed")
+            and p
+        ),
+        90,
+        "pod smi's nvidia-smi to finish",
+    )
+    log = core.read_namespaced_pod_log(
+        "smi", NAMESPACE, container="cuda", _preload_content=False
+    ).data.decode()
+    if pod["status"]["phase"] != "Succeeded":
+        raise DemoFailed(f"pod smi failed: {log[-500:]}")
+    for line in allocation_lines(pod):
+        say(line)
+    console.print("    kubectl logs smi (nvidia-smi inside the container):")
+    for line in log.splitlines():
+        console.print(f"      [dim]{line}[/dim]")
+    return log
+
+
+def _priority_scene(api: client.ApiClient) -> Obj:
+    """nvidia.com/priority: the webhook turns it into CUDA_TASK_PRIORITY; kube-scheduler
+    ignores it (managedResources, ignoredByScheduler), so the pod schedules."""
+    say(f"create prio: gpumem 2000 MiB, gpucores 20 %, {PRIORITY}: 1 (HAMi-core's task priority)")
+    pod = vgpu_pod("prio", 2000, 20)
+    pod["spec"]["containers"][0]["resources"]["limits"][PRIORITY] = "1"
+    client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, pod)
+    placed = wait_allocated(api, NAMESPACE, "prio")
+    env = {e["name"]: e.get("value") for e in placed["spec"]["containers"][0].get("env") or []}
+    say(
+        f"the webhook added CUDA_TASK_PRIORITY={env.get('CUDA_TASK_PRIORITY')}; "
+        f"kube-scheduler left {PRIORITY} to the extender (no node advertises it)"
+    )
+    for line in allocation_lines(placed):
+        say(line)
+    return placed
+
+
 def _scheduler_pod(backend: Backend) -> None:
     """The hami-scheduler pod as the Deployment runs it: kube-scheduler + extender."""
     pods = [p for p in backend.component_pods(hami_addon.COMPONENT) if pod_ready(p)]
@@ -348,6 +443,10 @@ def run(args: argparse.Namespace) -> int:
         packed = _scene(api, BINPACK, ["binpack-1", "binpack-2", "binpack-3"], locks)
         console.rule("spread: three pods, three GPUs")
         spread = _scene(api, SPREAD, ["spread-1", "spread-2", "spread-3"], locks)
+        console.rule("HAMi-core: what the container sees")
+        smi_log = _smi_scene(api, backend)
+        console.rule("nvidia.com/priority")
+        prio = _priority_scene(api)
         console.rule("a pod no GPU can hold")
         say("create too-big: gpumem 50000 MiB (more than any card has)")
         client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, vgpu_pod("too-big", 50000, 10))
@@ -384,6 +483,13 @@ def run(args: argparse.Namespace) -> int:
     if len(cards) != 3:
         raise DemoFailed(f"spread pods landed on {len(cards)} GPUs, expected 3: {cards}")
     ok(f"spread: spread-1..3 on three different GPUs {sorted(cards)}")
+    if smi_total_mib(smi_log) != [3000]:
+        raise DemoFailed(f"nvidia-smi in pod smi shows totals {smi_total_mib(smi_log)}, not 3000")
+    ok("smi: its own nvidia-smi shows one GPU of 3000MiB (HAMi-core's memory limit)")
+    env = {e["name"]: e.get("value") for e in prio["spec"]["containers"][0].get("env") or []}
+    if not prio["spec"].get("nodeName") or env.get("CUDA_TASK_PRIORITY") != "1":
+        raise DemoFailed(f"prio: node {prio['spec'].get('nodeName')}, env {env}")
+    ok(f"prio ({PRIORITY}: 1) scheduled to {placement(prio)[0]} with CUDA_TASK_PRIORITY=1")
     if pending["status"].get("phase") != "Pending" or pending["spec"].get("nodeName"):
         raise DemoFailed("too-big was placed although no GPU has 50000 MiB")
     if "CardInsufficientMemory" not in reason:
@@ -392,7 +498,7 @@ def run(args: argparse.Namespace) -> int:
         )
     ok(f"too-big stays Pending: {reason.split('. ')[0]}")
     ok(
-        f"{ha.NODE_LOCK}: taken at Bind and released after Allocate for each of the six pods "
+        f"{ha.NODE_LOCK}: taken at Bind and released after Allocate for each pod "
         f"({sum(1 for *_, taken in locks.seen if taken)} takes, "
         f"{sum(1 for *_, taken in locks.seen if not taken)} releases)"
     )
