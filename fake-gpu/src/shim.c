@@ -1173,8 +1173,22 @@ static nvmlReturn_t mig_target(nvmlDevice_t device, unsigned int profileId, stru
     return *profile < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
 }
 
-NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
-                                                  nvmlGpuInstance_t *gpuInstance)
+static int possible(const struct fg_gpu *g, unsigned int profile,
+                    const nvmlGpuInstancePlacement_t *placement)
+{
+    unsigned int starts[FG_MEMORY_SLICES];
+    unsigned int n = fg_mig_placements(g, profile, starts, FG_MEMORY_SLICES);
+    for (unsigned int i = 0; i < n; i++)
+        if (starts[i] == placement->start && placement->size == fg_mem_slices(g, profile))
+            return 1;
+    return 0;
+}
+
+/* A GPU instance of profileId at `placement` (one of its possible placements, which must
+ * be free), or at the first place it fits when `placement` is NULL. */
+static nvmlReturn_t create_gpu_instance(nvmlDevice_t device, unsigned int profileId,
+                                        const nvmlGpuInstancePlacement_t *placement,
+                                        nvmlGpuInstance_t *gpuInstance)
 {
     struct fg_device *d;
     int profile;
@@ -1184,6 +1198,8 @@ NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned 
     if (rc != NVML_SUCCESS)
         return rc;
     struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    if (placement && !possible(g, (unsigned int)profile, placement))
+        return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&g_lock);
     unsigned int start, slot = FG_MAX_MIG, id = 1;
     for (unsigned int j = FG_MAX_MIG; j-- > 0;)
@@ -1197,7 +1213,9 @@ NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned 
         id += taken;
     }
     rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
-    if (slot < FG_MAX_MIG && fg_mig_fit(g, (unsigned int)profile, &start) == 0) {
+    int fit = placement ? fg_mig_fit_at(g, (unsigned int)profile, start = placement->start)
+                        : fg_mig_fit(g, (unsigned int)profile, &start);
+    if (slot < FG_MAX_MIG && fit == 0) {
         struct fg_gpu before = *g;
         g->mig[slot] = (struct fg_mig){.present = 1, .has_start = 1, .profile = (unsigned int)profile,
                                        .gi_id = id, .start = start};
@@ -1207,6 +1225,53 @@ NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned 
     if (rc == NVML_SUCCESS)
         *gpuInstance = mig_slot(d->gpu, slot);
     return rc;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
+                                                  nvmlGpuInstance_t *gpuInstance)
+{
+    return create_gpu_instance(device, profileId, NULL, gpuInstance);
+}
+
+/* INSUFFICIENT_RESOURCES when that place is taken (or the profile's count or the compute
+ * slices are used up), INVALID_ARGUMENT for a place the profile cannot have. */
+NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
+    nvmlDevice_t device, unsigned int profileId, const nvmlGpuInstancePlacement_t *placement,
+    nvmlGpuInstance_t *gpuInstance)
+{
+    if (!placement)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    return create_gpu_instance(device, profileId, placement, gpuInstance);
+}
+
+/* Every place an instance of the profile can have, whatever is there now (mig.h); with
+ * placements NULL only the count, as nvml.h describes. */
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    nvmlDevice_t device, unsigned int profileId, nvmlGpuInstancePlacement_t *placements,
+    unsigned int *count)
+{
+    struct fg_device *d;
+    int profile;
+    if (!count)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = mig_target(device, profileId, &d, &profile);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    const struct fg_gpu *g = gpu_of(d);
+    unsigned int starts[FG_MEMORY_SLICES];
+    unsigned int n = fg_mig_placements(g, (unsigned int)profile, starts, FG_MEMORY_SLICES);
+    if (!placements) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++)
+        placements[i] = (nvmlGpuInstancePlacement_t){starts[i], fg_mem_slices(g, (unsigned int)profile)};
+    *count = n;
+    return NVML_SUCCESS;
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,

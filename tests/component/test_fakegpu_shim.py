@@ -795,6 +795,55 @@ def test_placement_follows_memory_slices(a100: dict[str, str]) -> None:
     }
 
 
+def test_possible_placements_and_creating_a_gpu_instance_at_one(a100: dict[str, str]) -> None:
+    """What HAMi's MIG mode calls: nvmlDeviceGetGpuInstancePossiblePlacements_v2 (an
+    A100-40GB's documented starts per profile, in memory slices) and
+    nvmlDeviceCreateGpuInstanceWithPlacement at the start the scheduler reserved."""
+    got = step(
+        f"""
+        N.nvmlDeviceSetMigMode(gpu, 1)
+
+        def possible(profile_id):
+            n = ctypes.c_uint(0)
+            N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, profile_id, None, ctypes.byref(n))
+            arr = (N.c_nvmlGpuInstancePlacement_t * n.value)()
+            N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, profile_id, arr, ctypes.byref(n))
+            return [[arr[i].start, arr[i].size] for i in range(n.value)]
+
+        def at(profile_id, start, size):
+            place = N.c_nvmlGpuInstancePlacement_t(start, size)
+            try:
+                gi = N.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, profile_id, ctypes.byref(place))
+            except N.NVMLError as e:
+                return e.value
+            info = N.nvmlGpuInstanceGetInfo(gi)
+            return [info.id, info.placement.start, info.placement.size]
+
+        out = {{"possible": {{str(p): possible(p) for p in (19, 14, 9, 5, 0, 15)}}}}
+        out["1g_at_6"] = at({GI_1G_5GB}, 6, 1)
+        out["3g_at_4"] = at({GI_3G_20GB}, 4, 4)  # overlaps the 1g at 6
+        out["3g_at_0"] = at({GI_3G_20GB}, 0, 4)
+        out["1g_at_7"] = at({GI_1G_5GB}, 7, 1)  # no compute slice left of 7
+        out["1g_at_6_again"] = at({GI_1G_5GB}, 6, 1)
+        out["wrong_size"] = at({GI_1G_5GB}, 5, 2)
+        print(json.dumps(out))
+        """,
+        a100,
+    )
+    assert got["possible"] == {
+        "19": [[s, 1] for s in range(7)],  # 1g.5gb
+        "14": [[0, 2], [2, 2], [4, 2]],  # 2g.10gb
+        "9": [[0, 4], [4, 4]],  # 3g.20gb
+        "5": [[0, 4]],  # 4g.20gb
+        "0": [[0, 8]],  # 7g.40gb
+        "15": [[0, 2], [2, 2], [4, 2], [6, 2]],  # 1g.10gb
+    }
+    assert got["1g_at_6"] == [1, 6, 1] and got["3g_at_0"] == [2, 0, 4]
+    assert got["3g_at_4"] == INSUFFICIENT_RESOURCES
+    assert got["1g_at_6_again"] == INSUFFICIENT_RESOURCES
+    assert got["1g_at_7"] == got["wrong_size"] == INVALID_ARGUMENT
+
+
 def test_mig_calls_need_mig_mode_and_a_mig_capable_gpu(shim: Path, tmp_path: Path) -> None:
     got = step(
         f"""
