@@ -54,6 +54,12 @@ from gpulab.deviceplugin.allocate import (
     ContainerAllocation,
     DeviceSpec,
 )
+from gpulab.deviceplugin.hamimig import (
+    RECONCILE_SECONDS,
+    MigInstanceManager,
+    active_keys,
+    key_of,
+)
 from gpulab.deviceplugin.rm import GPU_RESOURCE, Device, GPUInfo, ResourceSpec, base_id
 from gpulab.hami import annotations as ha
 from gpulab.hami import nodelock
@@ -162,23 +168,35 @@ def physical_device_id(device_id: str) -> str:
 
 
 def node_devices(
-    gpus: Sequence[GPUInfo], healthy: Callable[[str], bool], split_count: int
+    gpus: Sequence[GPUInfo],
+    healthy: Callable[[str], bool],
+    split_count: int,
+    mig_profiles: Mapping[str, tuple[ha.MigProfile, ...]] | None = None,
 ) -> list[ha.NodeDevice]:
-    """What ``getAPIDevices`` registers for each GPU (memory and core scaling = 1)."""
-    return [
-        ha.NodeDevice(
-            id=g.uuid,
-            index=g.index,
-            count=split_count,
-            devmem=g.memory_mib,
-            devcore=ha.DEFAULT_DEVCORE,
-            type=ha.device_type(g.name),
-            numa=g.numa_node if g.numa_node is not None else 0,
-            health=healthy(g.uuid),
-            mode=ha.MODE_HAMI_CORE,
+    """What ``getAPIDevices`` registers for each GPU (memory and core scaling = 1). With
+    ``mig_profiles`` (MIG mode: each GPU's discovered profiles) the GPUs are mode ``mig``,
+    count the most instances any profile allows, and a GPU without profiles is left out."""
+    out = []
+    for g in gpus:
+        profiles = (mig_profiles or {}).get(g.uuid, ())
+        if mig_profiles is not None and not profiles:
+            _log.info("skip MIG device with no discovered profile capacity: %s", g.uuid)
+            continue
+        out.append(
+            ha.NodeDevice(
+                id=g.uuid,
+                index=g.index,
+                count=max(p.instance_count for p in profiles) if profiles else split_count,
+                devmem=g.memory_mib,
+                devcore=ha.DEFAULT_DEVCORE,
+                type=ha.device_type(g.name),
+                numa=g.numa_node if g.numa_node is not None else 0,
+                health=healthy(g.uuid),
+                mode=ha.MODE_HAMI_CORE if mig_profiles is None else ha.MODE_MIG,
+                mig_profiles=profiles,
+            )
         )
-        for g in gpus
-    ]
+    return out
 
 
 def pair_scores(gpus: Sequence[GPUInfo]) -> dict[str, dict[str, int]]:
@@ -289,6 +307,86 @@ def hami_allocation(
     return ContainerAllocation(envs, tuple(DeviceSpec(p, p) for p in [*paths, *CONTROL_DEVICES]))
 
 
+def mig_allocation(
+    uuids: Sequence[str],
+    ctr: Sequence[ha.ContainerDevice],
+    paths_by_uuid: Mapping[str, Sequence[str]],
+) -> ContainerAllocation:
+    """A MIG-mode container's response (``getAllocateResponse`` over the MIG UUIDs): its
+    MIG devices visible, and no hami-core limits (HAMi mounts no libvgpu.so in MIG mode)."""
+    paths = list(dict.fromkeys(p for d in ctr for p in paths_by_uuid.get(d.uuid, ())))
+    specs = tuple(DeviceSpec(p, p) for p in [*paths, *CONTROL_DEVICES])
+    return ContainerAllocation({VISIBLE_DEVICES_ENV: ",".join(uuids)}, specs)
+
+
+@dataclass(frozen=True)
+class MigContext:
+    """What MIG mode's Allocate needs besides the annotations: the node's MIG instance
+    manager and each GPU's NVML index (``gpuUUIDToIndex``)."""
+
+    manager: MigInstanceManager
+    gpu_index: Mapping[str, int]
+
+    def reconcile(self, pods: Sequence[Mapping[str, Any]]) -> None:
+        """``reconcileActiveMigAllocations``: destroy what no live pod on the node holds."""
+        self.manager.reconcile(active_keys(pods, self.gpu_index))
+
+    def start(self, pods: Sequence[Mapping[str, Any]] | None, supported: bool) -> list[int]:
+        """The MIG part of the plugin's ``Start``: on MIG-capable nodes (``supported``),
+        reset the GPUs no live pod holds (all are held when the pods could not be listed:
+        ``pods`` None), then adopt the instances the live pods' annotations name. The GPUs
+        reset, in order."""
+        if not supported:
+            return []
+        try:
+            held = {k[0] for k in active_keys(pods, self.gpu_index)} if pods is not None else None
+        except AllocationError as exc:
+            _log.info("mig init: allocation detection failed; preserving all GPUs: %s", exc)
+            held = None
+        reset = self.manager.reset_idle_gpus(
+            len(self.gpu_index), set(self.gpu_index.values()) if held is None else held
+        )
+        for pod in pods or []:
+            self._adopt(pod)
+        return reset
+
+    def _adopt(self, pod: Mapping[str, Any]) -> None:
+        """``primeMigManagerFromAnnotations`` for one pod (failures only logged)."""
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return
+        try:
+            for a in ha.decode_mig_allocations(_annos(pod).get(ha.MIG_ALLOCATIONS, "")):
+                if not a.runtime_ready:
+                    raise AllocationError("MIG allocation lacks runtime identity")
+                self.manager.adopt(self.gpu_index[a.gpu_uuid], a)
+        except (AllocationError, ha.AnnotationError, KeyError) as exc:
+            name = f"{meta.get('namespace')}/{meta.get('name')}"
+            _log.info("mig init: failed to adopt active MIG allocations of %s: %s", name, exc)
+
+
+class MigReconciler(threading.Thread):
+    """``runMigAnnotationReconciler``: every 5 s, the instances of pods that finished or
+    went away are destroyed (an API or annotation error leaves them all in place)."""
+
+    def __init__(self, context: MigContext, cluster: Cluster, node: str) -> None:
+        super().__init__(name="hami-mig-reconcile", daemon=True)
+        self._context, self._cluster, self._node = context, cluster, node
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(RECONCILE_SECONDS):
+            try:
+                self._context.reconcile(self._cluster.list_pods_on_node(self._node))
+            except (AllocationError, ClusterError) as exc:
+                _log.info("periodic MIG reconciliation skipped: %s", exc)
+
+
 # ---------------------------------------------------------------- edges (API server)
 
 
@@ -304,6 +402,7 @@ class HamiRegistrar(threading.Thread):
         split_count: int,
         tracer: Tracer,
         cluster: Cluster | None = None,
+        mig_profiles: Mapping[str, tuple[ha.MigProfile, ...]] | None = None,
     ) -> None:
         super().__init__(name="hami-register", daemon=True)
         self._cluster = cluster or KubeCluster(api)
@@ -311,6 +410,7 @@ class HamiRegistrar(threading.Thread):
         self._gpus = gpus
         self._healthy = healthy
         self._split = split_count
+        self._mig_profiles = mig_profiles
         self._tracer = tracer
         self._poke = threading.Event()
         self._stop_event = threading.Event()
@@ -333,7 +433,8 @@ class HamiRegistrar(threading.Thread):
 
     def RegisterInAnnotation(self) -> bool | None:
         """True: patched; False: unchanged, nothing written; None: the patch failed."""
-        encoded = ha.encode_node_devices(node_devices(self._gpus, self._healthy, self._split))
+        devices = node_devices(self._gpus, self._healthy, self._split, self._mig_profiles)
+        encoded = ha.encode_node_devices(devices)
         if encoded == self._cache:
             return False
         annos: dict[str, str | None] = {ha.NODE_REGISTER: encoded}
@@ -348,7 +449,12 @@ class HamiRegistrar(threading.Thread):
         self._tracer.step(
             "RegisterInAnnotation",
             ObjectRef(kind="Node", name=self._node),
-            f"{ha.NODE_REGISTER}: {len(self._gpus)} GPU(s)",
+            f"{ha.NODE_REGISTER}: {len(devices)} GPU(s)"
+            + (
+                f", MIG mode ({len(self._mig_profiles)} with profiles)"
+                if self._mig_profiles
+                else ""
+            ),
             annotation=encoded,
         )
         return True
@@ -365,11 +471,13 @@ class HamiAllocator:
         tracer: Tracer,
         config: NodeConfig | None = None,
         cluster: Cluster | None = None,
+        mig: MigContext | None = None,
     ) -> None:
         self._cluster = cluster or KubeCluster(core.api_client)
         self._node = node
         self._tracer = tracer
         self._config = config or NodeConfig()
+        self._mig = mig  # operating mode mig
         # kubelet may call Allocate concurrently; the pending-pod protocol is node-global
         self._apply = threading.Lock()
 
@@ -441,9 +549,14 @@ class HamiAllocator:
                 raise AllocationError("device request not found")
             slots = ha.decode_pod_devices(annos[ha.DEVICES_TO_ALLOCATE])
             for ids in requests:
-                _, ctr = pop_next(slots, n_init, n_app)
+                index, ctr = pop_next(slots, n_init, n_app)
                 if len(ctr) != len(ids):
                     raise AllocationError("device number not matched")
+                if self._mig is not None:
+                    uuids = self._mig_devices(self._mig, pod, index, ctr)
+                    self._annotate_mig_runtime(self._mig, pod)
+                    result.append(mig_allocation(uuids, ctr, paths))
+                    continue
                 if self._config.enable_get_preferred_allocation:
                     ctr = align_devices(ctr, ids)
                 result.append(hami_allocation(ctr, paths))
@@ -463,6 +576,67 @@ class HamiAllocator:
         )
         self._try_success(ref)
         return result
+
+    def _mig_devices(
+        self, mig: MigContext, pod: Obj, index: int, ctr: Sequence[ha.ContainerDevice]
+    ) -> list[str]:
+        """``GetContainerDeviceStrArray`` in MIG mode: container ``index``'s reservations
+        (by device index), the node reconciled first, each created where it was reserved;
+        the ones this call created are destroyed again if a later one fails."""
+        reserved = ha.decode_mig_allocations(_annos(pod).get(ha.MIG_ALLOCATIONS, ""))
+        mine = sorted((a for a in reserved if a.container_index == index),
+                      key=lambda a: a.device_index)  # fmt: skip
+        if len(mine) != len(ctr):
+            raise AllocationError(
+                f"container {index} has {len(mine)} MIG reservations, requested {len(ctr)} devices"
+            )
+        try:
+            mig.reconcile(self._cluster.list_pods_on_node(self._node))
+        except (AllocationError, ClusterError) as exc:
+            raise AllocationError(f"reconcile MIG allocations before allocation: {exc}") from exc
+        created: list[str] = []
+        try:
+            uuids = []
+            for reservation, share in zip(mine, ctr, strict=True):
+                if reservation.gpu_uuid != share.uuid:
+                    raise AllocationError(
+                        f"MIG reservation GPU {reservation.gpu_uuid} does not match "
+                        f"allocated GPU {share.uuid}"
+                    )
+                if share.uuid not in mig.gpu_index:
+                    raise AllocationError(f"resolve parent GPU {share.uuid}")
+                uuid, made = mig.manager.ensure_allocation(
+                    key_of(mig.gpu_index[share.uuid], reservation)
+                )
+                if made:
+                    created.append(uuid)
+                uuids.append(uuid)
+        except AllocationError:
+            for uuid in reversed(created):
+                mig.manager.release(uuid)
+            raise
+        return uuids
+
+    def _annotate_mig_runtime(self, mig: MigContext, pod: Obj) -> None:
+        """``annotateMigRuntimeInfo``: each realised reservation gets its MIG UUID and GPU
+        and compute instance IDs in ``hami.io/vgpu-mig-allocations``."""
+        meta = pod["metadata"]
+        reserved = ha.decode_mig_allocations(_annos(pod).get(ha.MIG_ALLOCATIONS, ""))
+        updated, done = [], False
+        for a in reserved:
+            live = mig.manager.runtime_info(key_of(mig.gpu_index.get(a.gpu_uuid, -1), a))
+            if live is not None:
+                a = replace(a, mig_uuid=live.mig_uuid, gpu_instance_id=live.gi_id,
+                            compute_instance_id=live.ci_id)  # fmt: skip
+                done = True
+            updated.append(a)
+        if not done:
+            raise AllocationError("no realised MIG allocation found for pod")
+        value = ha.dump_mig_allocations(updated)
+        self._cluster.patch_pod_annotations(
+            meta["namespace"], meta["name"], {ha.MIG_ALLOCATIONS: value}
+        )
+        meta.setdefault("annotations", {})[ha.MIG_ALLOCATIONS] = value
 
     def _try_success(self, ref: ObjectRef) -> None:
         """``PodAllocationTrySuccess``: every container allocated → success + release."""

@@ -37,10 +37,13 @@ from gpulab.deviceplugin.config import (
 from gpulab.deviceplugin.hami import (
     HamiAllocator,
     HamiRegistrar,
+    MigContext,
+    MigReconciler,
     NodeConfig,
     node_config,
     plugin_resource,
 )
+from gpulab.deviceplugin.hamimig import MigInstanceManager, gpu_profiles, supports_mig
 from gpulab.deviceplugin.health import xid_filter
 from gpulab.deviceplugin.labels import gfd_labels
 from gpulab.deviceplugin.rm import MIG_MINORS_FILE, GPUInfo, build_resources, parse_mig_minors
@@ -51,6 +54,8 @@ from gpulab.deviceplugin.server import (
     DriverFiles,
     NvidiaDevicePlugin,
 )
+from gpulab.hami import annotations as ha
+from gpulab.hami.cluster import ClusterError, KubeCluster
 from gpulab.hami.config import NvidiaConfig, load_device_config
 from gpulab.trace import ObjectRef, Tracer
 
@@ -144,6 +149,7 @@ class PluginManager:
         self.tracer = tracer
         self.plugins: list[NvidiaDevicePlugin] = []
         self.registrar: HamiRegistrar | None = None
+        self.reconciler: MigReconciler | None = None  # HAMi MIG mode
         self._labels: dict[str, str] = {}
         self._node = ObjectRef(kind="Node", name=opts.node_name)
 
@@ -175,7 +181,12 @@ class PluginManager:
         allocator: Allocator = DefaultAllocator(config, gpus, os.path.exists)
         if hami is not None and self.api is not None:
             core = client.CoreV1Api(self.api)
-            allocator = HamiAllocator(core, self.opts.node_name, self.tracer, hami)
+            mig = profiles = None
+            if hami.operating_mode == ha.MODE_MIG:
+                mig = self._start_mig(gpus, hami)
+                allowed = hami.mig_profile_allowlist
+                profiles = gpu_profiles(((g.index, g.uuid, g.name) for g in gpus), allowed)
+            allocator = HamiAllocator(core, self.opts.node_name, self.tracer, hami, mig=mig)
             if self.registrar is None:
                 self.registrar = HamiRegistrar(
                     self.api,
@@ -184,6 +195,7 @@ class PluginManager:
                     self.healthy,
                     hami.device_split_count,
                     self.tracer,
+                    mig_profiles=profiles,
                 )
                 self.registrar.start()
         xids = xid_filter(os.environ)
@@ -215,10 +227,37 @@ class PluginManager:
         self._poke()
         return True
 
+    def _start_mig(self, gpus: list[GPUInfo], hami: NodeConfig) -> MigContext:
+        """HAMi MIG mode's part of ``Start``: reset the GPUs no pod holds, adopt the
+        instances live pods hold, and reconcile every 5 s while the plugin runs."""
+        assert self.api is not None
+        context = MigContext(MigInstanceManager(), {g.uuid: g.index for g in gpus})
+        cluster = KubeCluster(self.api)
+        try:
+            pods: list | None = cluster.list_pods_on_node(self.opts.node_name)
+        except ClusterError as exc:
+            _log.info("mig init: listing this node's pods failed: %s", exc)
+            pods = None
+        supported = supports_mig((g.name for g in gpus), hami.mig_profile_allowlist)
+        reset = context.start(pods, supported)
+        self.tracer.step(
+            "ResetIdleGPUs",
+            self._node,
+            f"MIG mode: GPUs {', '.join(map(str, reset)) or 'none'} reset (MIG on, no "
+            "instances); instances are created at Allocate where the scheduler reserved them",
+            reset=reset,
+        )
+        self.reconciler = MigReconciler(context, cluster, self.opts.node_name)
+        self.reconciler.start()
+        return context
+
     def stop_plugins(self) -> None:
         for p in self.plugins:
             p.Stop()
         self.plugins = []
+        if self.reconciler is not None:
+            self.reconciler.stop()
+            self.reconciler = None
 
     def stop(self) -> None:
         self.stop_plugins()
