@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 
-from demos.hami import allocation_lines
+from demos.hami import allocation_lines, smi_migs, smi_total_mib
+from gpulab.fakegpu import inventory, profiles
+from gpulab.fakegpu.smi import Row, format_list, format_table
 from gpulab.hami import annotations as ha
 
 CARD = "GPU-00000000-1111-2222-3333-444444444444"
@@ -42,3 +44,14 @@ def test_filter_is_credited_with_the_device_choice_and_bind_with_the_phase() -> 
         allocate_line == f"Allocate (cuda): CUDA_DEVICE_SM_LIMIT=30, NVIDIA_VISIBLE_DEVICES={CARD}"
     )
     assert done.endswith("hami.io/bind-phase=success")
+
+
+def test_the_demo_reads_nvidia_smi_as_printed() -> None:
+    """What the outcome checks rest on: totals of the table, MIG devices of `-L`."""
+    gpus = inventory.gpu_infos(profiles.load("a100-80gb-mig-x8"), "n1")
+    table = format_table("550", 12040, [Row(g, 0, 30) for g in gpus[:1]], {})
+    assert smi_total_mib(table) == [81920]  # the GPU's; its MIG rows are not totals
+    listing = smi_migs(format_list([Row(g, 0, 30) for g in gpus]))
+    assert listing[gpus[0].uuid] == [(m.profile, m.uuid) for m in gpus[0].migs]
+    assert [p for p, _ in listing[gpus[0].uuid]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert len(listing) == 8
