@@ -1,6 +1,7 @@
 /* HAMi-core's environment (see hamicore.h): src/multiprocess/multiprocess_memory_limit.c
- * get_limit_from_env and do_init_device_memory_limits, at the HAMi-core commit HAMi v2.10.0
- * ships. */
+ * get_limit_from_env and do_init_device_memory_limits. HAMi v2.10.0 pins HAMi-core at
+ * b216ba1 (its libvgpu submodule), a later commit than the newest one stored here,
+ * 8f3a89c (2026-06-30), which is what was read (docs/hami.md). */
 #include "hamicore.h"
 
 #include <stdio.h>

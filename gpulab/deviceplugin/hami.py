@@ -30,8 +30,17 @@ Differences, named: a health change re-registers at once (upstream waits for its
 pass); the pair scores come from the NUMA node and NVLink peers the plugin already read
 through NVML (what ``GetTopologyCommonAncestor`` / NVLink remote PCI info give on the shim)
 instead of querying NVML again; the fallback pod search also accepts a pod kwok already
-marked Running (kubelet would still hold it Pending); the hami-core library mounts and cache
-envs are not set (there is no hami-core in the lab).
+marked Running (kubelet would still hold it Pending); the HAMi-core library mounts and cache
+envs are not set (the lab has no libvgpu.so: the NVML shim applies HAMi-core's NVML hook to
+a process with HAMi's envs); a ``config.json`` that does not parse, or an operating mode
+other than ``hami-core``/``mig``, stops start-up (upstream logs it and runs with an empty
+mode).
+
+MIG mode (``operatingmode: mig``) is in :mod:`gpulab.deviceplugin.hamimig` (the NVML part)
+and here (``MigContext``, ``MigReconciler``, ``HamiAllocator._mig_devices``: Allocate
+creates the instance Filter reserved in ``hami.io/vgpu-mig-allocations`` and answers with
+its MIG UUID; ``server.go`` ``annotateMigRuntimeInfo``, ``primeMigManagerFromAnnotations``,
+``runMigAnnotationReconciler``; ``util.go`` ``GetContainerDeviceStrArray``).
 """
 
 from __future__ import annotations

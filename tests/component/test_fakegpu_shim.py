@@ -813,7 +813,8 @@ def test_possible_placements_and_creating_a_gpu_instance_at_one(a100: dict[str, 
         def at(profile_id, start, size):
             place = N.c_nvmlGpuInstancePlacement_t(start, size)
             try:
-                gi = N.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, profile_id, ctypes.byref(place))
+                gi = N.nvmlDeviceCreateGpuInstanceWithPlacement(
+                    gpu, profile_id, ctypes.byref(place))
             except N.NVMLError as e:
                 return e.value
             info = N.nvmlGpuInstanceGetInfo(gi)
