@@ -9,7 +9,8 @@ Mirrors Project-HAMi/HAMi v2.10.0 ``pkg/device-plugin/nvidiadevice/nvinternal/``
   ``deviceSplitCount`` IDs ``<uuid>-<n>`` (not NVIDIA's time-slicing replicas
   ``<uuid>::<n>``), with the GPU's NUMA node only when ``enableNumaTopology`` is on; an Xid
   marks the GPU, so all its IDs go Unhealthy together. HAMi's plugin writes no GFD labels;
-- ``plugin/register.go``: ``getAPIDevices`` (one ``DeviceInfo`` per GPU, mode ``hami-core``),
+- ``plugin/register.go``: ``getAPIDevices`` (one ``DeviceInfo`` per GPU, mode ``hami-core``,
+  or ``mig`` with its ``migProfiles``),
   ``RegisterInAnnotation`` (patches ``hami.io/node-nvidia-register`` only when the encoded
   list changed, plus ``hami.io/node-nvidia-score`` when ``ENABLE_TOPOLOGY_SCORE=true``) and
   ``WatchAndRegister`` (every 30 s, 5 s after an error). v2.10 writes no handshake: the

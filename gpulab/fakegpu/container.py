@@ -28,12 +28,12 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpulab.deviceplugin.allocate import VISIBLE_DEVICES_ENV
 from gpulab.errors import UserError
 from gpulab.kube import SERVICEACCOUNT_DIR, api_client, mounted
 from gpulab.nodeagent.policy import annotation_key
 from gpulab.wait import WaitTimeout, wait_for
 
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 WAIT_SECONDS = 60.0
 
 
