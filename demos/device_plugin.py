@@ -191,6 +191,11 @@ def _xid_and_recovery(core: client.CoreV1Api, backend: Backend, live: LiveTrace,
     live.expect({"CheckHealth"})
     ok(f"CheckHealth saw the Xid; ListAndWatch re-sent the list with GPU {BROKEN_GPU} "
        f"Unhealthy: allocatable {gpus - 1}, capacity still {gpus}")  # fmt: skip
+    console.print(
+        "    v0.20.0 watches one device per GPU (health.go parentToDeviceMap): on a "
+        "time-sliced node only one replica of the GPU goes Unhealthy; releases after "
+        "v0.20.0 mark all of them (NVIDIA/k8s-device-plugin#1930)"
+    )
 
     say("clear the fault in the simulated driver (lab convenience: `gpulab fake-gpu clear`)")
     backend.clear_faults(NODE)

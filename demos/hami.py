@@ -2,22 +2,30 @@
 
 A pod asking for ``nvidia.com/gpu: 1, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 30``
 goes: API server → the extender's mutating webhook (schedulerName ``hami-scheduler``) →
-the second kube-scheduler ``hami-scheduler`` → extender ``/filter`` (one node, one card,
-written on the pod: ``FilteringSucceed``) → extender ``/bind`` (takes the node lock
-``hami.io/mutex.lock``, marks the pod allocating, creates the Binding: ``BindingSucceed``)
-→ the node agent (kubelet's device manager) calls the device plugin's Allocate, which
-reads the annotations, sets the hami-core envs, marks ``hami.io/bind-phase=success`` and
-only then releases the node lock. The lock's life is narrated from the node's annotation.
+the second kube-scheduler ``hami-scheduler`` → extender ``/filter`` (one node, one card;
+Filter writes the choice on the pod: ``hami.io/vgpu-node`` and both
+``hami.io/vgpu-devices-to-allocate`` and ``hami.io/vgpu-devices-allocated``:
+``FilteringSucceed``) → extender ``/bind`` (takes the node lock ``hami.io/mutex.lock``,
+writes ``hami.io/bind-phase=allocating`` and ``hami.io/bind-time``, creates the Binding:
+``BindingSucceed``) → the node agent (kubelet's device manager) calls the device plugin's
+Allocate, which reads the annotations, sets the hami-core envs, marks
+``hami.io/bind-phase=success`` and only then releases the node lock. The lock's life is
+narrated from the node's annotation.
 
-Shown for three pods sharing one GPU (binpack), three pods on three GPUs (spread), and a
-pod no GPU can hold (Pending with the extender's reasons, one aggregated Warning); then the
-extender's /healthz, /readyz and metrics.
+Shown for three pods sharing one GPU (binpack), three pods on three GPUs (spread); a pod
+whose own ``nvidia-smi`` shows its GPU as 3000 MiB (HAMi-core's memory limit, which the NVML
+shim applies as HAMi-core's hook does); a pod with ``nvidia.com/priority`` (kube-scheduler
+leaves it to the extender); HAMi's MIG mode on ``gpu-a100-mig`` (a 1g.5gb and a 3g.20gb
+instance of one A100, reserved by Filter and created through NVML by the device plugin at
+Allocate); a pod no GPU can hold (Pending with the extender's reasons, one aggregated
+Warning); then the extender's /healthz, /readyz and metrics.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 import time
 from collections import defaultdict
@@ -41,6 +49,7 @@ from demos.common import (
 )
 from gpulab.hami import annotations as ha
 from gpulab.hami.commands import explain_rows
+from gpulab.hami.device import ALLOCATE_MODE
 from gpulab.hami.filter import FILTER_RESULT
 from gpulab.hami.score import BINPACK, GPU_POLICY_ANNOTATION, SPREAD
 from gpulab.informer import NODES, ListWatch, follow
@@ -51,6 +60,9 @@ from harness.backends import Backend, pod_ready
 
 NAMESPACE = "demo-hami"
 IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+LAB_IMAGE = "gpulab:dev"  # runs on every backend (the local pod runner runs it as a process)
+PRIORITY = "nvidia.com/priority"
+MIG_NODE = "gpu-a100-mig"  # HAMi's MIG mode (operatingmode mig in its config.json)
 SPEC = "hami"  # the default cluster's device plugins do not register GPUs for HAMi
 MIB = 2**20
 
@@ -78,6 +90,98 @@ def vgpu_pod(name: str, mem: int, cores: int, gpu_policy: str | None = None) -> 
             ]
         },
     }
+
+
+def smi_pod(name: str, mem: int, cores: int) -> Obj:
+    """A vGPU pod of the lab's image whose container runs ``nvidia-smi`` over the NVML
+    shim and exits: its log is what the container sees of its GPU. ``gpulab fake-gpu run``
+    stands in for kubelet handing Allocate's response to the container where no kubelet
+    runs it (the local backend); under a real kubelet it runs nvidia-smi at once."""
+    pod = vgpu_pod(name, mem, cores)
+    ctr = pod["spec"]["containers"][0]
+    ctr["image"] = LAB_IMAGE
+    ctr["command"] = ["gpulab", "fake-gpu", "run", "--container", ctr["name"], "--", "nvidia-smi"]
+    pod["spec"]["restartPolicy"] = "Never"
+    return pod
+
+
+def mig_pod(name: str, mem: int) -> Obj:
+    """A vGPU pod for HAMi's MIG mode (``nvidia.com/vgpu-mode: mig``), GPUs binpacked."""
+    pod = vgpu_pod(name, mem, 0, BINPACK)
+    pod["metadata"]["annotations"][ALLOCATE_MODE] = ha.MODE_MIG
+    return pod
+
+
+def node_smi_pod(node: str) -> Obj:
+    """``nvidia-smi -L`` on ``node`` itself (a debug pod with the node's fake driver
+    mounted, as an admin would run one): every GPU and MIG device the driver has."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"smi-{node}"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "smi",
+                    "image": LAB_IMAGE,
+                    "command": ["nvidia-smi", "-L"],
+                    "env": [
+                        {"name": "FAKE_GPU_CONFIG", "value": f"/var/lib/fake-gpu/{node}/config"}
+                    ],
+                    "volumeMounts": [
+                        {"name": "fake-gpu", "mountPath": "/var/lib/fake-gpu", "readOnly": True}
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "fake-gpu", "hostPath": {"path": "/var/lib/fake-gpu", "type": "Directory"}}
+            ],
+        },
+    }
+
+
+def smi_migs(listing: str) -> dict[str, list[tuple[str, str]]]:
+    """``nvidia-smi -L`` → GPU UUID → its MIG devices (profile, MIG UUID)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    gpu = ""
+    for line in listing.splitlines():
+        if m := re.match(r"GPU \d+: .* \(UUID: (\S+)\)", line):
+            gpu = m.group(1)
+            out[gpu] = []
+        elif m := re.match(r"\s+MIG (\S+)\s+Device\s+\d+: \(UUID: (\S+)\)", line):
+            out[gpu].append((m.group(1), m.group(2)))
+    return out
+
+
+def let_pods_read_themselves(api: client.ApiClient, ns: str) -> None:
+    """RBAC for `gpulab fake-gpu run` on the local backend: the namespace's default
+    ServiceAccount may get pods (to read its own container's Allocate record)."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    name = "read-own-allocation"
+    rbac.create_namespaced_role(
+        ns,
+        {
+            "metadata": {"name": name},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+        },
+    )
+
+
+def smi_total_mib(log: str) -> list[int]:
+    """The total of each GPU in nvidia-smi's table ("    0MiB / 3000MiB "), not of the
+    MIG devices listed below it."""
+    gpus = log.split("MIG devices:")[0]
+    return [int(m) for m in re.findall(r"\d+MiB / (\d+)MiB", gpus)]
 
 
 def read_pod(api: client.ApiClient, ns: str, name: str) -> Obj:
@@ -216,17 +320,28 @@ def _explain(pod: Obj) -> None:
     console.print(table)
 
 
-def _allocation(pod: Obj) -> None:
-    name = pod["metadata"]["name"]
+def allocation_lines(pod: Mapping[str, Any]) -> list[str]:
+    """Who wrote what on the pod, in call-chain order: Filter the choice, Bind the phase
+    and time, Allocate (per container, recorded by the node agent) the envs."""
     annos = annotations(pod)
     node, devices = placement(pod)
     grants = ", ".join(f"{d.uuid} {d.usedmem}MiB {d.usedcores}%" for d in devices)
-    say(f"Bind: {name} → {node}; {ha.DEVICES_ALLOCATED}: {grants}")
+    lines = [
+        f"Filter wrote {ha.ASSIGNED_NODE}={node}, {ha.DEVICES_TO_ALLOCATE} and "
+        f"{ha.DEVICES_ALLOCATED}: {grants}",
+        f"Bind wrote {ha.BIND_PHASE}={ha.BIND_ALLOCATING} and {ha.BIND_TIME}="
+        f"{annos.get(ha.BIND_TIME, '?')}, then bound the pod to {node}",
+    ]
     for key, value in sorted(annos.items()):
         if key.startswith(ANNOTATION_PREFIX):
             envs = json.loads(value).get("envs", {})
             shown = ", ".join(f"{k}={v}" for k, v in sorted(envs.items()))
-            say(f"Allocate ({key.removeprefix(ANNOTATION_PREFIX)}): {shown}")
+            lines.append(f"Allocate ({key.removeprefix(ANNOTATION_PREFIX)}): {shown}")
+    lines.append(
+        f"Allocate erased {ha.DEVICES_TO_ALLOCATE} slot by slot and set "
+        f"{ha.BIND_PHASE}={annos.get(ha.BIND_PHASE)}"
+    )
+    return lines
 
 
 def _scene(api: client.ApiClient, policy: str, names: list[str], locks: LockWatch) -> list[Obj]:
@@ -244,9 +359,125 @@ def _scene(api: client.ApiClient, policy: str, names: list[str], locks: LockWatc
             f"{ha.NODE_LOCK} of {name} to be taken at Bind and released after Allocate",
         )
         _explain(pod)
-        _allocation(pod)
+        for line in allocation_lines(pod):
+            say(line)
         pods.append(pod)
     return pods
+
+
+def _smi_scene(api: client.ApiClient, backend: Backend) -> str:
+    """A pod asking for 3000 MiB runs nvidia-smi: HAMi-core's limit is its GPU's memory."""
+    core = client.CoreV1Api(api)
+    let_pods_read_themselves(api, NAMESPACE)
+    say(f"create smi: {LAB_IMAGE}, gpumem 3000 MiB, gpucores 30 %; its container runs nvidia-smi")
+    core.create_namespaced_pod(NAMESPACE, smi_pod("smi", 3000, 30))
+    if not backend.runs_containers:
+        console.print(
+            "    (lab) no kubelet starts this container on a kwok node: `gpulab fake-gpu run` "
+            "waits for the node agent's record of its Allocate response and runs nvidia-smi "
+            "with those variables, as kubelet and the container runtime would"
+        )
+    pod = wait_for(
+        lambda: (
+            (p := read_pod(api, NAMESPACE, "smi"))
+            and p["status"].get("phase") in ("Succeeded", "Failed")
+            and p
+        ),
+        90,
+        "pod smi's nvidia-smi to finish",
+    )
+    log = core.read_namespaced_pod_log(
+        "smi", NAMESPACE, container="cuda", _preload_content=False
+    ).data.decode()
+    if pod["status"]["phase"] != "Succeeded":
+        raise DemoFailed(f"pod smi failed: {log[-500:]}")
+    for line in allocation_lines(pod):
+        say(line)
+    console.print("    kubectl logs smi (nvidia-smi inside the container):")
+    for line in log.splitlines():
+        console.print(f"      [dim]{line}[/dim]")
+    return log
+
+
+def _priority_scene(api: client.ApiClient) -> Obj:
+    """nvidia.com/priority: the webhook turns it into CUDA_TASK_PRIORITY; kube-scheduler
+    ignores it (managedResources, ignoredByScheduler), so the pod schedules."""
+    say(f"create prio: gpumem 2000 MiB, gpucores 20 %, {PRIORITY}: 1 (HAMi-core's task priority)")
+    pod = vgpu_pod("prio", 2000, 20)
+    pod["spec"]["containers"][0]["resources"]["limits"][PRIORITY] = "1"
+    client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, pod)
+    placed = wait_allocated(api, NAMESPACE, "prio")
+    env = {e["name"]: e.get("value") for e in placed["spec"]["containers"][0].get("env") or []}
+    say(
+        f"the webhook added CUDA_TASK_PRIORITY={env.get('CUDA_TASK_PRIORITY')}; "
+        f"kube-scheduler left {PRIORITY} to the extender (no node advertises it)"
+    )
+    for line in allocation_lines(placed):
+        say(line)
+    return placed
+
+
+def _finished_log(api: client.ApiClient, name: str, container: str) -> tuple[Obj, str]:
+    """Wait for a pod whose container runs once, then its log."""
+    pod = wait_for(
+        lambda: (
+            (p := read_pod(api, NAMESPACE, name))
+            and p["status"].get("phase") in ("Succeeded", "Failed")
+            and p
+        ),
+        90,
+        f"pod {name} to finish",
+    )
+    log = (
+        client.CoreV1Api(api)
+        .read_namespaced_pod_log(name, NAMESPACE, container=container, _preload_content=False)
+        .data.decode()
+    )
+    if pod["status"]["phase"] != "Succeeded":
+        raise DemoFailed(f"pod {name} failed: {log[-500:]}")
+    return pod, log
+
+
+def _mig_scene(api: client.ApiClient, backend: Backend) -> tuple[list[Obj], str]:
+    """HAMi's MIG mode: the extender reserves a MIG profile and placement per share, the
+    device plugin cuts the GPU at Allocate; two pods on a 1g and a 3g slice of one A100."""
+    node = client.CoreV1Api(api).read_node(MIG_NODE)
+    cards = ha.decode_node_devices((node.metadata.annotations or {})[ha.NODE_REGISTER])
+    first = cards[0]
+    say(
+        f"{MIG_NODE} registers its GPUs in mode {first.mode} with the MIG profiles the device "
+        "config allows for their model, sizes and placements read from NVML:"
+    )
+    for prof in first.mig_profiles:
+        starts = ",".join(str(a) for a, _ in prof.placements)
+        console.print(
+            f"    {prof.name:<8} {prof.memory_mb:>6} MiB  {prof.core:>3} % SMs  "
+            f"starts {starts} (size {prof.placements[0][1]})"
+        )
+    pods = []
+    for name, mem in (("mig-1g", 3000), ("mig-3g", 15000)):
+        say(f"create {name}: gpumem {mem} MiB, {ALLOCATE_MODE}: mig, GPUs binpack")
+        client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, mig_pod(name, mem))
+        pod = wait_allocated(api, NAMESPACE, name)
+        (reserved,) = ha.decode_mig_allocations(annotations(pod)[ha.MIG_ALLOCATIONS])
+        say(
+            f"Filter reserved {reserved.profile} at placement {reserved.start} (size "
+            f"{reserved.size}) on {reserved.gpu_uuid} ({ha.MIG_ALLOCATIONS}); Allocate "
+            f"created it: {reserved.mig_uuid} (GPU instance {reserved.gpu_instance_id})"
+        )
+        envs = wait_for(lambda n=name: backend.allocation(NAMESPACE, n, "cuda"), 30, "Allocate")
+        say(f"Allocate ({name}): NVIDIA_VISIBLE_DEVICES={envs.get('NVIDIA_VISIBLE_DEVICES')}")
+        pods.append(pod)
+    say(f"nvidia-smi -L on {MIG_NODE} (a debug pod with the node's driver mounted):")
+    client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, node_smi_pod(MIG_NODE))
+    _, listing = _finished_log(api, f"smi-{MIG_NODE}", "smi")
+    gpu, shown = placement(pods[0])[1][0].uuid, False  # both pods are on this GPU
+    for line in listing.splitlines():
+        if line.startswith("GPU "):
+            shown = f"(UUID: {gpu})" in line
+        if shown:
+            console.print(f"      [dim]{line}[/dim]")
+    return pods, listing
 
 
 def _scheduler_pod(backend: Backend) -> None:
@@ -262,6 +493,24 @@ def _scheduler_pod(backend: Backend) -> None:
     say(
         f"pod gpulab-system/{pod.metadata.name} on {pod.spec.node_name} "
         f"(IP {pod.status.pod_ip}): {containers}"
+    )
+
+
+def _mig_outcome(pods: list[Obj], listing: str) -> None:
+    reserved = [ha.decode_mig_allocations(annotations(p)[ha.MIG_ALLOCATIONS])[0] for p in pods]
+    gpus = {r.gpu_uuid for r in reserved}
+    if {placement(p)[0] for p in pods} != {MIG_NODE} or len(gpus) != 1:
+        raise DemoFailed(f"MIG pods are not on one GPU of {MIG_NODE}: {reserved}")
+    if [r.profile for r in reserved] != ["1g.5gb", "3g.20gb"]:
+        raise DemoFailed(f"MIG pods got profiles {[r.profile for r in reserved]}")
+    (gpu,) = gpus
+    seen = smi_migs(listing).get(gpu, [])
+    for r in reserved:
+        if (r.profile, r.mig_uuid) not in seen:
+            raise DemoFailed(f"{MIG_NODE}'s nvidia-smi -L does not list {r.mig_uuid}: {seen}")
+    ok(
+        f"MIG: mig-1g on a 1g.5gb and mig-3g on a 3g.20gb instance of {MIG_NODE}'s {gpu}, "
+        "created through NVML where the extender reserved them"
     )
 
 
@@ -313,9 +562,10 @@ def run(args: argparse.Namespace) -> int:
         "HAMi (v2.10.0) - sharing GPUs by memory and cores",
         "GPU nodes register their cards in hami.io/node-nvidia-register; the extender's\n"
         "webhook sends vGPU pods to kube-scheduler 'hami-scheduler', which asks the\n"
-        "extender to Filter (one node, one card) and Bind. Bind takes the node lock\n"
-        "hami.io/mutex.lock; the device plugin's Allocate turns the pod's annotations into\n"
-        "NVIDIA_VISIBLE_DEVICES and hami-core limits, then releases the lock.",
+        "extender to Filter (one node, one card, written on the pod) and Bind. Bind takes\n"
+        "the node lock hami.io/mutex.lock and marks the pod allocating; the device plugin's\n"
+        "Allocate turns the pod's annotations into NVIDIA_VISIBLE_DEVICES and hami-core\n"
+        "limits (in MIG mode: creates the reserved MIG instance), then releases the lock.",
     )
     _scheduler_pod(backend)
     gpus = registered_gpus(api)
@@ -332,6 +582,12 @@ def run(args: argparse.Namespace) -> int:
         packed = _scene(api, BINPACK, ["binpack-1", "binpack-2", "binpack-3"], locks)
         console.rule("spread: three pods, three GPUs")
         spread = _scene(api, SPREAD, ["spread-1", "spread-2", "spread-3"], locks)
+        console.rule("HAMi-core: what the container sees")
+        smi_log = _smi_scene(api, backend)
+        console.rule("nvidia.com/priority")
+        prio = _priority_scene(api)
+        console.rule("MIG mode: one A100 cut into a 1g and a 3g instance")
+        mig_pods, listing = _mig_scene(api, backend)
         console.rule("a pod no GPU can hold")
         say("create too-big: gpumem 50000 MiB (more than any card has)")
         client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, vgpu_pod("too-big", 50000, 10))
@@ -368,6 +624,14 @@ def run(args: argparse.Namespace) -> int:
     if len(cards) != 3:
         raise DemoFailed(f"spread pods landed on {len(cards)} GPUs, expected 3: {cards}")
     ok(f"spread: spread-1..3 on three different GPUs {sorted(cards)}")
+    if smi_total_mib(smi_log) != [3000]:
+        raise DemoFailed(f"nvidia-smi in pod smi shows totals {smi_total_mib(smi_log)}, not 3000")
+    ok("smi: its own nvidia-smi shows one GPU of 3000MiB (HAMi-core's memory limit)")
+    env = {e["name"]: e.get("value") for e in prio["spec"]["containers"][0].get("env") or []}
+    if not prio["spec"].get("nodeName") or env.get("CUDA_TASK_PRIORITY") != "1":
+        raise DemoFailed(f"prio: node {prio['spec'].get('nodeName')}, env {env}")
+    ok(f"prio ({PRIORITY}: 1) scheduled to {placement(prio)[0]} with CUDA_TASK_PRIORITY=1")
+    _mig_outcome(mig_pods, listing)
     if pending["status"].get("phase") != "Pending" or pending["spec"].get("nodeName"):
         raise DemoFailed("too-big was placed although no GPU has 50000 MiB")
     if "CardInsufficientMemory" not in reason:
@@ -376,7 +640,7 @@ def run(args: argparse.Namespace) -> int:
         )
     ok(f"too-big stays Pending: {reason.split('. ')[0]}")
     ok(
-        f"{ha.NODE_LOCK}: taken at Bind and released after Allocate for each of the six pods "
+        f"{ha.NODE_LOCK}: taken at Bind and released after Allocate for each pod "
         f"({sum(1 for *_, taken in locks.seen if taken)} takes, "
         f"{sum(1 for *_, taken in locks.seen if not taken)} releases)"
     )

@@ -75,6 +75,32 @@ int fg_mig_fit(const struct fg_gpu *g, unsigned int profile, unsigned int *start
     return fits(g, profile, 0, start);
 }
 
+unsigned int fg_mig_placements(const struct fg_gpu *g, unsigned int profile, unsigned int *starts,
+                               unsigned int max)
+{
+    if (profile >= NVML_GPU_INSTANCE_PROFILE_COUNT || !g->gi[profile].present)
+        return 0;
+    unsigned int size = fg_mem_slices(g, profile), n = 0;
+    for (unsigned int s = 0; s + size <= FG_MEMORY_SLICES; s += size) {
+        if (s + g->gi[profile].slices > FG_COMPUTE_SLICES)
+            break;
+        if (n < max)
+            starts[n] = s;
+        n++;
+    }
+    return n;
+}
+
+int fg_mig_fit_at(const struct fg_gpu *g, unsigned int profile, unsigned int start)
+{
+    unsigned int starts[FG_MEMORY_SLICES];
+    unsigned int n = fg_mig_placements(g, profile, starts, FG_MEMORY_SLICES);
+    for (unsigned int i = 0; i < n; i++)
+        if (starts[i] == start)
+            return fits(g, profile, 1, &start);
+    return -1;
+}
+
 unsigned int fg_mig_capacity(const struct fg_gpu *g, unsigned int profile)
 {
     struct fg_gpu copy = *g;

@@ -21,6 +21,17 @@ unsigned int fg_mem_slices(const struct fg_gpu *g, unsigned int profile);
 /* Where one more instance of `profile` would go: 0 and *start, or -1 if it does not fit. */
 int fg_mig_fit(const struct fg_gpu *g, unsigned int profile, unsigned int *start);
 
+/* The places an instance of `profile` can have on g whatever else is there (what
+ * nvmlDeviceGetGpuInstancePossiblePlacements lists): starts in memory slices, aligned to
+ * its memory share, within the 8 memory slices, and leaving its compute slices within the
+ * 7 (so a 1g.5gb on an A100 has starts 0-6, a 2g.10gb 0, 2, 4, a 4g.20gb only 0, as
+ * NVIDIA's documentation lists them). Writes up to `max` starts; returns how many there are. */
+unsigned int fg_mig_placements(const struct fg_gpu *g, unsigned int profile, unsigned int *starts,
+                               unsigned int max);
+
+/* Does one more instance of `profile` fit at `start` (a possible placement, free)? 0 or -1. */
+int fg_mig_fit_at(const struct fg_gpu *g, unsigned int profile, unsigned int start);
+
 /* How many more instances of `profile` fit next to the existing ones. */
 unsigned int fg_mig_capacity(const struct fg_gpu *g, unsigned int profile);
 

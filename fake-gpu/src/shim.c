@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "faultlog.h"
+#include "hamicore.h"
 #include "mig.h"
 #include "nvml_types.h"
 
@@ -60,6 +61,7 @@ static struct fg_device g_ci[FG_MAX_GPUS * FG_MAX_MIG];
 /* NVLink wiring: the peer GPU behind each link of each GPU, -1 for an inactive link. */
 static int g_link_peer[FG_MAX_GPUS][NVML_NVLINK_MAX_LINKS];
 static struct fg_event_set *g_sets;
+static int g_hamicore; /* HAMi-core is in this process (fg_hamicore_load at init) */
 
 /* ---------------------------------------------------------------- init */
 
@@ -233,6 +235,7 @@ static nvmlReturn_t load_config(void)
     }
     wire_nvlinks();
     load_visible();
+    g_hamicore = fg_hamicore_load();
     return NVML_SUCCESS;
 }
 
@@ -584,17 +587,51 @@ static unsigned long long total_bytes(const struct fg_device *d)
     return mib * 1024ULL * 1024ULL;
 }
 
+NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index);
+NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount);
+
+/* HAMi-core's _nvmlDeviceGetMemoryInfo after the real call: the CUDA device of the GPU's
+ * index (nvml_to_cuda_map: the identity in an NVML-only process; none past the count);
+ * with a limit, total = limit, free = limit - usage, used = usage; without one, used =
+ * usage. usage is what the container's own CUDA allocations hold: nothing here. */
+static nvmlReturn_t hamicore_memory(nvmlDevice_t device, unsigned long long *total,
+                                    unsigned long long *free, unsigned long long *used)
+{
+    unsigned int index, count;
+    nvmlReturn_t rc = nvmlDeviceGetIndex(device, &index); /* fails for a MIG handle */
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = nvmlDeviceGetCount_v2(&count);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (index >= count)
+        return NVML_SUCCESS;
+    const unsigned long long usage = 0, limit = fg_hamicore_limit(index);
+    if (limit) {
+        *free = limit - usage;
+        *total = limit;
+    }
+    *used = usage;
+    return NVML_SUCCESS;
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
+    if (g_hamicore && !memory)
+        return NVML_SUCCESS; /* HAMi-core answers a NULL pointer before calling NVML */
     DEVICE(device, d, memory);
     memory->total = total_bytes(d);
     memory->free = memory->total;
     memory->used = 0;
+    if (g_hamicore)
+        return hamicore_memory(device, &memory->total, &memory->free, &memory->used);
     return NVML_SUCCESS;
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
+    if (g_hamicore && !memory)
+        return NVML_SUCCESS;
     DEVICE(device, d, memory);
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -602,6 +639,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory
     memory->reserved = 0;
     memory->free = memory->total;
     memory->used = 0;
+    if (g_hamicore)
+        return hamicore_memory(device, &memory->total, &memory->free, &memory->used);
     return NVML_SUCCESS;
 }
 
@@ -1134,8 +1173,22 @@ static nvmlReturn_t mig_target(nvmlDevice_t device, unsigned int profileId, stru
     return *profile < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
 }
 
-NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
-                                                  nvmlGpuInstance_t *gpuInstance)
+static int possible(const struct fg_gpu *g, unsigned int profile,
+                    const nvmlGpuInstancePlacement_t *placement)
+{
+    unsigned int starts[FG_MEMORY_SLICES];
+    unsigned int n = fg_mig_placements(g, profile, starts, FG_MEMORY_SLICES);
+    for (unsigned int i = 0; i < n; i++)
+        if (starts[i] == placement->start && placement->size == fg_mem_slices(g, profile))
+            return 1;
+    return 0;
+}
+
+/* A GPU instance of profileId at `placement` (one of its possible placements, which must
+ * be free), or at the first place it fits when `placement` is NULL. */
+static nvmlReturn_t create_gpu_instance(nvmlDevice_t device, unsigned int profileId,
+                                        const nvmlGpuInstancePlacement_t *placement,
+                                        nvmlGpuInstance_t *gpuInstance)
 {
     struct fg_device *d;
     int profile;
@@ -1145,6 +1198,8 @@ NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned 
     if (rc != NVML_SUCCESS)
         return rc;
     struct fg_gpu *g = &g_cfg.gpus[d->gpu];
+    if (placement && !possible(g, (unsigned int)profile, placement))
+        return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&g_lock);
     unsigned int start, slot = FG_MAX_MIG, id = 1;
     for (unsigned int j = FG_MAX_MIG; j-- > 0;)
@@ -1158,7 +1213,9 @@ NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned 
         id += taken;
     }
     rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
-    if (slot < FG_MAX_MIG && fg_mig_fit(g, (unsigned int)profile, &start) == 0) {
+    int fit = placement ? fg_mig_fit_at(g, (unsigned int)profile, start = placement->start)
+                        : fg_mig_fit(g, (unsigned int)profile, &start);
+    if (slot < FG_MAX_MIG && fit == 0) {
         struct fg_gpu before = *g;
         g->mig[slot] = (struct fg_mig){.present = 1, .has_start = 1, .profile = (unsigned int)profile,
                                        .gi_id = id, .start = start};
@@ -1168,6 +1225,53 @@ NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned 
     if (rc == NVML_SUCCESS)
         *gpuInstance = mig_slot(d->gpu, slot);
     return rc;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
+                                                  nvmlGpuInstance_t *gpuInstance)
+{
+    return create_gpu_instance(device, profileId, NULL, gpuInstance);
+}
+
+/* INSUFFICIENT_RESOURCES when that place is taken (or the profile's count or the compute
+ * slices are used up), INVALID_ARGUMENT for a place the profile cannot have. */
+NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
+    nvmlDevice_t device, unsigned int profileId, const nvmlGpuInstancePlacement_t *placement,
+    nvmlGpuInstance_t *gpuInstance)
+{
+    if (!placement)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    return create_gpu_instance(device, profileId, placement, gpuInstance);
+}
+
+/* Every place an instance of the profile can have, whatever is there now (mig.h); with
+ * placements NULL only the count, as nvml.h describes. */
+NVML_API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    nvmlDevice_t device, unsigned int profileId, nvmlGpuInstancePlacement_t *placements,
+    unsigned int *count)
+{
+    struct fg_device *d;
+    int profile;
+    if (!count)
+        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = mig_target(device, profileId, &d, &profile);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    const struct fg_gpu *g = gpu_of(d);
+    unsigned int starts[FG_MEMORY_SLICES];
+    unsigned int n = fg_mig_placements(g, (unsigned int)profile, starts, FG_MEMORY_SLICES);
+    if (!placements) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++)
+        placements[i] = (nvmlGpuInstancePlacement_t){starts[i], fg_mem_slices(g, (unsigned int)profile)};
+    *count = n;
+    return NVML_SUCCESS;
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,

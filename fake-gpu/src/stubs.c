@@ -9,8 +9,6 @@
     __attribute__((visibility("default"))) nvmlReturn_t name(void);                           \
     nvmlReturn_t name(void) { return NVML_ERROR_NOT_SUPPORTED; }
 
-STUB(nvmlDeviceCreateGpuInstanceWithPlacement)
-STUB(nvmlDeviceGetGpuInstancePossiblePlacements_v2)
 STUB(nvmlDeviceGetFanSpeed)
 STUB(nvmlDeviceGetFanSpeed_v2)
 STUB(nvmlDeviceGetPowerUsage)

@@ -5,7 +5,8 @@
                          [--mig-strategy none|single|mixed] [--pass-device-specs]
                          [--shared-devices-allocation-policy distributed|packed]
                          [--fail-on-init-error=false] [--mig-minors FILE]
-                         [--hami [--hami-split-count 10]] [--kubeconfig K]
+                         [--hami [--device-config-file F] [--node-config-file F]]
+                         [--kubeconfig K]
 
 - NVML comes from the process environment: ``LD_LIBRARY_PATH`` (and the shim's
   ``FAKE_GPU_CONFIG``) must be set when the process starts.
@@ -20,8 +21,11 @@
 - ``--mig-minors`` (lab flag) is the driver's ``/proc/driver/nvidia-caps/mig-minors``,
   which upstream reads at that fixed path; the lab's fake driver writes one per node.
 - With an API server (``--kubeconfig``, or in-cluster config as a pod) it labels the node
-  (GFD), posts trace Events, and with ``--hami`` registers the GPUs in HAMi's node
-  annotations and allocates from HAMi's pod annotations.
+  (GFD), posts trace Events, and with ``--hami`` is HAMi's device plugin instead: it
+  registers the GPUs in HAMi's node annotations and allocates from HAMi's pod annotations,
+  reading HAMi's device config (``--device-config-file``, upstream's ``--config-file``) and
+  this node's entry of HAMi's ``config.json`` (``--node-config-file``, upstream's fixed
+  ``/config/config.json``); it writes no GFD labels.
 - ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS`` tune which Xids are failures.
 - ``SIGHUP`` restarts the plugins (re-reading the config); ``SIGTERM``/``SIGINT`` stop.
 
@@ -54,7 +58,7 @@ from gpulab.deviceplugin.config import (
 from gpulab.deviceplugin.configmanager import NODE_LABEL
 from gpulab.deviceplugin.rm import MIG_MINORS_FILE, ResourceError
 from gpulab.errors import CLIError
-from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
+from gpulab.hami.config import ConfigError as HamiConfigError
 from gpulab.kube import api_client, in_pod
 
 if TYPE_CHECKING:
@@ -132,10 +136,14 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         "--hami", action="store_true", help="HAMi mode: node registration + vGPU allocation"
     )
     p.add_argument(
-        "--hami-split-count",
-        type=int,
-        default=DEFAULT_SPLIT_COUNT,
-        help="containers per GPU in HAMi mode",
+        "--device-config-file",
+        type=Path,
+        help="HAMi mode: HAMi's device config (deviceSplitCount, migProfileAllowlist ...)",
+    )
+    p.add_argument(
+        "--node-config-file",
+        type=Path,
+        help="HAMi mode: HAMi's config.json (operatingmode ... per node)",
     )
     p.add_argument("--kubeconfig", help="API server access (default: in-cluster config, else none)")
     p.set_defaults(func=run)
@@ -184,8 +192,6 @@ def options(args: argparse.Namespace) -> Options:
             f"invalid --shared-devices-allocation-policy option: {policy}; use one of: "
             f"{', '.join(ALLOCATION_POLICIES)}"
         )
-    if args.hami_split_count < 1:
-        raise CLIError(f"--hami-split-count must be >= 1, got {args.hami_split_count}")
     if not args.socket_dir.is_dir():
         raise CLIError(f"--socket-dir {args.socket_dir} is not a directory")
     flags = FlagOverrides(
@@ -209,13 +215,14 @@ def options(args: argparse.Namespace) -> Options:
         flags=flags,
         mig_minors=args.mig_minors,
         hami=args.hami,
-        hami_split_count=args.hami_split_count,
+        device_config_file=args.device_config_file,
+        node_config_file=args.node_config_file,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     # gRPC, NVML and the generated stubs load only when the plugin actually runs.
-    from gpulab.deviceplugin.main import load_config, start
+    from gpulab.deviceplugin.main import load_config, load_hami_config, start
     from gpulab.deviceplugin.nvml import NVMLInitError
 
     opts = options(args)
@@ -228,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--hami reads and writes HAMi's annotations: pass --kubeconfig")
     try:
         config = load_config(opts)  # a bad file fails now, with one line
+        if opts.hami:
+            load_hami_config(opts)
         try:
             start(opts, api, stop, restart)
         except NVMLInitError:
@@ -237,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
                 "NVML init failed and --fail-on-init-error=false: no devices. Waiting indefinitely."
             )
             stop.wait()
-    except (NVMLInitError, ConfigError, ResourceError) as exc:
+    except (NVMLInitError, ConfigError, HamiConfigError, ResourceError) as exc:
         raise CLIError(str(exc)) from exc
     return 0
 

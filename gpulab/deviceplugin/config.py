@@ -341,12 +341,6 @@ def time_slicing(replicas: int, resource: str = "nvidia.com/gpu") -> TimeSlicing
     return TimeSlicing(resources=(ReplicatedResource(resource, replicas),))
 
 
-def hami_config(split_count: int) -> Config:
-    """HAMi mode: whole GPUs, each advertised as ``split_count`` shares (HAMi's
-    ``DeviceSplitCount``), so kubelet can place that many containers on one GPU."""
-    return Config(time_slicing=time_slicing(split_count))
-
-
 def render(config: Config) -> str:
     """The config in upstream's file format, with the settings that differ from the
     defaults (what an entry of the configs ConfigMap holds)."""

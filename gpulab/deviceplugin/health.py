@@ -10,11 +10,13 @@ overridden by ``DP_ENABLE_HEALTHCHECKS`` (Xids, or ``all``). A device that went 
 never comes back: upstream ListAndWatch has "no way to recover from the Unhealthy state";
 restarting the plugin (a new event set, which NVML does not replay old events to) does.
 
-One deliberate difference: upstream keeps one device per GPU UUID
-(``parentToDeviceMap``), so an Xid marks only one replica of a time-sliced GPU, or one MIG
-device of a GPU-wide event (NVIDIA/k8s-device-plugin#1929). The lab marks every device of
-the resource on that GPU, as the fix merged after v0.20.0 (#1930) does; a MIG device is
-skipped only when the event names another GPU or compute instance.
+As v0.20.0, one device per GPU is watched (``parentToDeviceMap``, keyed by the parent GPU's
+UUID, each device overwriting the one before): an Xid marks only that device, so on a
+time-sliced node one replica of the GPU goes Unhealthy and allocatable drops by one, and a
+MIG-instance Xid counts only if it names the kept MIG device's instance. A fix merged after
+v0.20.0 (NVIDIA/k8s-device-plugin#1929, #1930) marks every device of the GPU instead. One
+difference, named: upstream iterates a Go map, so which replica (or MIG device) is kept
+varies; here it is the last one in NVML order.
 """
 
 from __future__ import annotations
@@ -91,18 +93,23 @@ def xid_filter(env: Mapping[str, str]) -> XidFilter:
     return XidFilter(table)
 
 
+def watched(devices: Sequence[Device]) -> dict[int, Device]:
+    """``parentToDeviceMap``: GPU index → the one device an event on that GPU marks (each
+    device of the GPU replaces the one before, so the last one stays)."""
+    return {d.gpu_index: d for d in devices}
+
+
 def affected(devices: Sequence[Device], gpu: GPUInfo, gi: int, ci: int) -> list[Device]:
-    """The devices an Xid on ``gpu`` concerns: all of that GPU's, except MIG devices of
-    another instance when the event names one (gi/ci ``0xFFFFFFFF``: GPU-wide)."""
-    placement = {m.uuid: (m.gi_id, m.ci_id) for m in gpu.migs}
-    out = []
-    for d in devices:
-        if d.gpu_index != gpu.index:
-            continue
-        if d.mig and gi != NO_INSTANCE and ci != NO_INSTANCE and placement[d.uuid] != (gi, ci):
-            continue
-        out.append(d)
-    return out
+    """The devices an Xid on ``gpu`` marks: the GPU's watched device, unless it is a MIG
+    device and the event names another instance (gi/ci ``0xFFFFFFFF``: GPU-wide)."""
+    kept = watched(devices).get(gpu.index)
+    if kept is None:
+        return []
+    if kept.mig and gi != NO_INSTANCE and ci != NO_INSTANCE:
+        placement = {m.uuid: (m.gi_id, m.ci_id) for m in gpu.migs}
+        if placement[kept.uuid] != (gi, ci):
+            return []
+    return [kept]
 
 
 UnhealthyCallback = Callable[[list[Device], str], None]

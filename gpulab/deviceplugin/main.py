@@ -31,11 +31,19 @@ from gpulab.deviceplugin.config import (
     Config,
     ConfigError,
     FlagOverrides,
-    hami_config,
     merge,
     parse,
 )
-from gpulab.deviceplugin.hami import HamiAllocator, HamiRegistrar
+from gpulab.deviceplugin.hami import (
+    HamiAllocator,
+    HamiRegistrar,
+    MigContext,
+    MigReconciler,
+    NodeConfig,
+    node_config,
+    plugin_resource,
+)
+from gpulab.deviceplugin.hamimig import MigInstanceManager, gpu_profiles, supports_mig
 from gpulab.deviceplugin.health import xid_filter
 from gpulab.deviceplugin.labels import gfd_labels
 from gpulab.deviceplugin.rm import MIG_MINORS_FILE, GPUInfo, build_resources, parse_mig_minors
@@ -46,7 +54,9 @@ from gpulab.deviceplugin.server import (
     DriverFiles,
     NvidiaDevicePlugin,
 )
-from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
+from gpulab.hami import annotations as ha
+from gpulab.hami.cluster import ClusterError, KubeCluster
+from gpulab.hami.config import NvidiaConfig, load_device_config
 from gpulab.trace import ObjectRef, Tracer
 
 _log = logging.getLogger(__name__)
@@ -63,7 +73,8 @@ class Options:
     flags: FlagOverrides = field(default_factory=FlagOverrides)
     mig_minors: Path = Path(MIG_MINORS_FILE)
     hami: bool = False
-    hami_split_count: int = DEFAULT_SPLIT_COUNT
+    device_config_file: Path | None = None  # HAMi's device config (upstream --config-file)
+    node_config_file: Path | None = None  # HAMi's config.json (upstream /config/config.json)
 
 
 def load_config(opts: Options) -> Config:
@@ -78,18 +89,31 @@ def load_config(opts: Options) -> Config:
             ) from exc
         config = parse(text, str(opts.config_file))
     config = merge(config, opts.flags)
-    if opts.hami:
-        if config.mig_strategy != "none" or config.time_slicing.resources:
-            raise ConfigError(
-                "--hami shares whole GPUs itself: use it with no MIG strategy "
-                "and no sharing.timeSlicing"
-            )
-        config = hami_config(opts.hami_split_count)
+    if opts.hami and (config.mig_strategy != "none" or config.time_slicing.resources):
+        raise ConfigError(
+            "--hami shares whole GPUs itself: use it with no MIG strategy "
+            "and no sharing.timeSlicing (HAMi's MIG mode is operatingmode: mig in its "
+            "config.json)"
+        )
     for key in config.ignored:
         _log.info("config: %s is not simulated by the lab; ignored", key)
     for warning in config.warnings:
         _log.warning("config: %s", warning)
     return config
+
+
+def load_hami_config(opts: Options) -> NodeConfig:
+    """HAMi's ``LoadNvidiaDevicePluginConfig``: the device config file, then this node's
+    entry of config.json. No config.json: the defaults (upstream logs the error and runs
+    with an empty operating mode)."""
+    device = NvidiaConfig()
+    if opts.device_config_file is not None:
+        device = load_device_config(str(opts.device_config_file))
+    path = opts.node_config_file
+    if path is None or not path.is_file():
+        _log.warning("HAMi node config %s not found: device config defaults", path)
+        return node_config(device, "{}", opts.node_name, str(path))
+    return node_config(device, path.read_text(), opts.node_name, str(path))
 
 
 def _mig_caps(opts: Options, config: Config, gpus: list[GPUInfo]) -> dict[str, str]:
@@ -125,6 +149,7 @@ class PluginManager:
         self.tracer = tracer
         self.plugins: list[NvidiaDevicePlugin] = []
         self.registrar: HamiRegistrar | None = None
+        self.reconciler: MigReconciler | None = None  # HAMi MIG mode
         self._labels: dict[str, str] = {}
         self._node = ObjectRef(kind="Node", name=opts.node_name)
 
@@ -139,7 +164,11 @@ class PluginManager:
         """Start a plugin per resource with devices; False if one failed (retry later)."""
         config = load_config(self.opts)
         gpus = nvml.read_inventory()
-        resources = build_resources(gpus, config, _mig_caps(self.opts, config, gpus))
+        hami = load_hami_config(self.opts) if self.opts.hami else None
+        if hami is None:
+            resources = build_resources(gpus, config, _mig_caps(self.opts, config, gpus))
+        else:
+            resources = [plugin_resource(gpus, hami)]
         self.tracer.step(
             "Start",
             self._node,
@@ -147,18 +176,26 @@ class PluginManager:
             + (", ".join(f"{r.name}={len(r.devices)}" for r in resources) or "none"),
             config=config.to_json(),
         )
-        self._label(gpus, config)
-        allocator: Allocator = DefaultAllocator(config.pass_device_specs, os.path.exists)
-        if self.opts.hami and self.api is not None:
-            allocator = HamiAllocator(client.CoreV1Api(self.api), self.opts.node_name, self.tracer)
+        if hami is None:
+            self._label(gpus, config)  # GFD's labels; HAMi's plugin writes none
+        allocator: Allocator = DefaultAllocator(config, gpus, os.path.exists)
+        if hami is not None and self.api is not None:
+            core = client.CoreV1Api(self.api)
+            mig = profiles = None
+            if hami.operating_mode == ha.MODE_MIG:
+                mig = self._start_mig(gpus, hami)
+                allowed = hami.mig_profile_allowlist
+                profiles = gpu_profiles(((g.index, g.uuid, g.name) for g in gpus), allowed)
+            allocator = HamiAllocator(core, self.opts.node_name, self.tracer, hami, mig=mig)
             if self.registrar is None:
                 self.registrar = HamiRegistrar(
                     self.api,
                     self.opts.node_name,
                     gpus,
                     self.healthy,
-                    self.opts.hami_split_count,
+                    hami.device_split_count,
                     self.tracer,
+                    mig_profiles=profiles,
                 )
                 self.registrar.start()
         xids = xid_filter(os.environ)
@@ -174,6 +211,7 @@ class PluginManager:
                 allocator,
                 self._poke,
                 DriverFiles.from_env(os.environ),
+                health_by_gpu=hami is not None,
             )
             for r in resources
         ]
@@ -189,10 +227,37 @@ class PluginManager:
         self._poke()
         return True
 
+    def _start_mig(self, gpus: list[GPUInfo], hami: NodeConfig) -> MigContext:
+        """HAMi MIG mode's part of ``Start``: reset the GPUs no pod holds, adopt the
+        instances live pods hold, and reconcile every 5 s while the plugin runs."""
+        assert self.api is not None
+        context = MigContext(MigInstanceManager(), {g.uuid: g.index for g in gpus})
+        cluster = KubeCluster(self.api)
+        try:
+            pods: list | None = cluster.list_pods_on_node(self.opts.node_name)
+        except ClusterError as exc:
+            _log.info("mig init: listing this node's pods failed: %s", exc)
+            pods = None
+        supported = supports_mig((g.name for g in gpus), hami.mig_profile_allowlist)
+        reset = context.start(pods, supported)
+        self.tracer.step(
+            "ResetIdleGPUs",
+            self._node,
+            f"MIG mode: GPUs {', '.join(map(str, reset)) or 'none'} reset (MIG on, no "
+            "instances); instances are created at Allocate where the scheduler reserved them",
+            reset=reset,
+        )
+        self.reconciler = MigReconciler(context, cluster, self.opts.node_name)
+        self.reconciler.start()
+        return context
+
     def stop_plugins(self) -> None:
         for p in self.plugins:
             p.Stop()
         self.plugins = []
+        if self.reconciler is not None:
+            self.reconciler.stop()
+            self.reconciler = None
 
     def stop(self) -> None:
         self.stop_plugins()

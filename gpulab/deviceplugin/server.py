@@ -60,12 +60,13 @@ class Allocator(Protocol):
 
     def prefer(
         self,
+        index: int,
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
         devices: Mapping[str, Device],
     ) -> list[str] | None:
-        """A preferred allocation of its own, or None to prefer as upstream does."""
+        """The preferred IDs for container request ``index``; None: no answer for it."""
         ...
 
     def allocate(
@@ -74,26 +75,33 @@ class Allocator(Protocol):
 
 
 class DefaultAllocator:
-    """Upstream's Allocate: the requested devices, visible by UUID."""
+    """Upstream's GetPreferredAllocation (topology, or the replica policy) and Allocate
+    (the requested devices, visible by UUID)."""
 
-    def __init__(self, pass_device_specs: bool, present: Callable[[str], bool]) -> None:
-        self._pass_device_specs = pass_device_specs
+    def __init__(
+        self, config: Config, gpus: Sequence[GPUInfo], present: Callable[[str], bool]
+    ) -> None:
+        self._config = config
+        self._gpus = {g.index: g for g in gpus}
         self._present = present
 
     def prefer(
         self,
+        index: int,
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
         devices: Mapping[str, Device],
-    ) -> list[str] | None:
-        return None
+    ) -> list[str]:
+        return preferred_allocation(
+            available, must_include, size, devices, self._gpus, self._config.allocation_policy
+        )
 
     def allocate(
         self, requests: Sequence[Sequence[str]], devices: Mapping[str, Device]
     ) -> list[ContainerAllocation]:
         return [
-            container_allocation(ids, devices, self._pass_device_specs, self._present)
+            container_allocation(ids, devices, self._config.pass_device_specs, self._present)
             for ids in requests
         ]
 
@@ -137,9 +145,11 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         allocator: Allocator,
         on_unhealthy: Callable[[], None] = lambda: None,
         driver: DriverFiles | None = None,
+        health_by_gpu: bool = False,
     ) -> None:
         self.resource = resource
         self._driver = driver
+        self._health_by_gpu = health_by_gpu
         self.socket_dir = socket_dir
         self.socket = socket_dir / resource.socket_name
         self._devices = {d.id: d for d in resource.devices}
@@ -246,7 +256,12 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     # ---------------------------------------------------------------- health
 
     def mark_unhealthy(self, devices: Sequence[Device], reason: str) -> None:
-        """The health check's channel: these devices are Unhealthy for good."""
+        """The health check's channel: these devices are Unhealthy for good (with
+        ``health_by_gpu``, HAMi's plugin, every ID of their GPUs: it marks the GPU and
+        advertises the GPU's health on each of its IDs)."""
+        if self._health_by_gpu:
+            gpus = {d.gpu_index for d in devices}
+            devices = [d for d in self.resource.devices if d.gpu_index in gpus]
         with self._cond:
             changed = [d.id for d in devices if self._health.get(d.id) == HEALTHY]
             for device_id in changed:
@@ -318,30 +333,27 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
 
     def GetPreferredAllocation(self, request, context):
         response = api_pb2.PreferredAllocationResponse()
-        for req in request.container_requests:
+        for index, req in enumerate(request.container_requests):
             available = list(req.available_deviceIDs)
             must = list(req.must_include_deviceIDs)
             try:
-                ids = self._allocator.prefer(available, must, req.allocation_size, self._devices)
-                if ids is None:
-                    ids = preferred_allocation(
-                        available,
-                        must,
-                        req.allocation_size,
-                        self._devices,
-                        self._gpus,
-                        self._config.allocation_policy,
-                    )
+                ids = self._allocator.prefer(
+                    index, available, must, req.allocation_size, self._devices
+                )
             except AllocationError as exc:
                 context.abort(
                     grpc.StatusCode.UNKNOWN,
                     f"error getting list of preferred allocation devices: {exc}",
                 )
-            response.container_responses.add(deviceIDs=ids)
+            if ids is None:
+                preferred = "no answer"
+            else:
+                response.container_responses.add(deviceIDs=ids)
+                preferred = ", ".join(ids) or "nothing"
             self._tracer.step(
                 "GetPreferredAllocation",
                 self._node,
-                f"{self.resource.name}: prefer {', '.join(ids) or 'nothing'}",
+                f"{self.resource.name}: prefer {preferred}",
                 resource=self.resource.name,
                 available=len(available),
                 must_include=must,

@@ -1,12 +1,14 @@
 """`gpulab fake-gpu ...`: render profiles for the NVML shim, inject and clear faults,
-show node health, and a nvidia-smi over the shim."""
+show node health, a nvidia-smi over the shim, and `run` (a command in the GPU environment
+its container's Allocate gave it; see :mod:`gpulab.fakegpu.container`)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from gpulab.fakegpu import faults, paths, render, smi
+from gpulab.fakegpu import container, faults, paths, render, smi
 from gpulab.fakegpu.profiles import ProfileError, load
 
 
@@ -49,6 +51,19 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("smi", help="nvidia-smi over the shim")
     smi.add_arguments(p)
     p.set_defaults(func=cmd_smi)
+
+    p = sub.add_parser(
+        "run",
+        help="run a command in a pod's container with the GPU environment Allocate gave it "
+        "(lab: on the local backend, from the node agent's record)",
+        description=container.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--container", required=True, help="this container's name")
+    p.add_argument("--pod", default=os.environ.get("HOSTNAME"), help="this pod (default $HOSTNAME)")
+    p.add_argument("--namespace", help="this pod's namespace (default: its ServiceAccount's)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    p.set_defaults(func=cmd_run)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -115,3 +130,11 @@ def cmd_smi(args: argparse.Namespace) -> int:
     smi.select_node(args.node, args.profile, args.state_dir)
     print(smi.run(args.list_gpus))
     return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not args.pod:
+        raise container.RunError("--pod is required where $HOSTNAME is not the pod's name")
+    container.run(argv, args.pod, args.namespace, args.container)
+    return 0  # not reached: run replaces this process

@@ -12,8 +12,15 @@ apart. Pure: strings and datetimes in, dataclasses out.
 
 Formats, as v2.10.0 writes them:
 - ``hami.io/node-nvidia-register``: a JSON list of ``DeviceInfo`` in Go field order
-  ``{id, index, count, devmem, devcore, type, numa, mode, health}`` with ``omitempty``
-  (zero, false and "" are left out; v2.8 moved it from the ``id,count,...:`` string to JSON);
+  ``{id, index, count, devmem, devcore, type, numa, mode, migProfiles, health}`` with
+  ``omitempty`` (zero, false and "" are left out; v2.8 moved it from the ``id,count,...:``
+  string to JSON); a MIG-mode GPU lists its ``migProfiles`` ``{name, memoryMB, core,
+  sliceCount, placements: [{start, size}]}`` (``pkg/device/devices.go`` ``MigProfile``,
+  no omitempty inside);
+- ``hami.io/vgpu-mig-allocations`` (``pkg/device/nvidia/mig_allocations.go``): the MIG
+  profile and placement Filter reserved for each MIG share, ``[{containerIndex,
+  deviceIndex, gpuUUID, profile, placement: {start, size}}]``, to which the device plugin
+  adds ``migUUID``, ``gpuInstanceID`` and ``computeInstanceID`` once it created it;
 - ``hami.io/node-nvidia-score``: ``[{uuid, score: {uuid: int}}]``, the NVLink/PCIe pair
   scores the plugin writes for the ``topology-aware`` policy;
 - pod devices: ``UUID,NVIDIA,<memMiB>,<cores>:`` per device, ``;`` after each container,
@@ -40,6 +47,7 @@ NODE_LOCK = "hami.io/mutex.lock"
 DEVICE_CORDON = "hami.io/device-cordon"
 DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
+MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
 ASSIGNED_NODE = "hami.io/vgpu-node"
 ASSIGNED_TIME = "hami.io/vgpu-time"
 BIND_TIME = "hami.io/bind-time"
@@ -50,6 +58,7 @@ BIND_FAILED = "failed"
 
 DEVICE_TYPE = "NVIDIA"  # NvidiaGPUDevice: the device-type word in container device entries
 MODE_HAMI_CORE = "hami-core"
+MODE_MIG = "mig"
 DEFAULT_SPLIT_COUNT = 10
 DEFAULT_DEVCORE = 100
 
@@ -69,6 +78,20 @@ class AnnotationError(ValueError):
 
 
 @dataclass(frozen=True)
+class MigProfile:
+    """``MigProfile``: a MIG profile a MIG-mode GPU may be cut into, with the placements
+    (start, size in memory slices) NVML lists for it. ``instance_count`` stays on the node
+    (the plugin's advertised count), off the wire, as upstream's ``json:"-"``."""
+
+    name: str  # "1g.5gb", as the allowlist names it
+    memory_mb: int
+    core: int  # percent of the GPU's SMs, rounded up
+    slice_count: int
+    placements: tuple[tuple[int, int], ...]
+    instance_count: int = 0
+
+
+@dataclass(frozen=True)
 class NodeDevice:
     """One GPU in ``hami.io/node-nvidia-register`` (HAMi ``DeviceInfo``)."""
 
@@ -81,16 +104,40 @@ class NodeDevice:
     numa: int
     health: bool
     mode: str = MODE_HAMI_CORE
+    mig_profiles: tuple[MigProfile, ...] = ()
 
 
 @dataclass(frozen=True)
 class ContainerDevice:
-    """One device share given to a container (HAMi ``ContainerDevice``)."""
+    """One device share given to a container (HAMi ``ContainerDevice``). ``mig`` is
+    upstream's ``CustomInfo`` of a MIG share, (profile, start, size): Filter's reservation,
+    not part of the device annotations (it travels in ``hami.io/vgpu-mig-allocations``)."""
 
     uuid: str
     type: str
     usedmem: int  # MiB
     usedcores: int  # percent
+    mig: tuple[str, int, int] | None = None
+
+
+@dataclass(frozen=True)
+class MigAllocation:
+    """``MigAllocation``: one MIG share's reservation, and its runtime identity once the
+    device plugin created it (MIG UUID, GPU and compute instance IDs: all or none)."""
+
+    container_index: int
+    device_index: int
+    gpu_uuid: str
+    profile: str
+    start: int
+    size: int
+    mig_uuid: str = ""
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def runtime_ready(self) -> bool:
+        return bool(self.mig_uuid) and self.gpu_instance_id is not None
 
 
 def device_type(nvml_name: str) -> str:
@@ -111,10 +158,38 @@ def encode_node_devices(devices: Sequence[NodeDevice]) -> str:
             ("type", d.type),
             ("numa", d.numa),
             ("mode", d.mode),
+            ("migProfiles", [_mig_profile_json(p) for p in d.mig_profiles]),
             ("health", d.health),
         )
         out.append({k: v for k, v in fields if v})
     return json.dumps(out, separators=(",", ":"))
+
+
+def _mig_profile_json(p: MigProfile) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "memoryMB": p.memory_mb,
+        "core": p.core,
+        "sliceCount": p.slice_count,
+        "placements": [{"start": a, "size": b} for a, b in p.placements] or None,
+    }
+
+
+def _mig_profile(raw: Any) -> MigProfile:
+    if not isinstance(raw, dict):
+        raise AnnotationError(f"{NODE_REGISTER} migProfiles entry is not an object: {raw!r}")
+    try:
+        return MigProfile(
+            name=str(raw.get("name", "")),
+            memory_mb=int(raw.get("memoryMB", 0)),
+            core=int(raw.get("core", 0)),
+            slice_count=int(raw.get("sliceCount", 0)),
+            placements=tuple(
+                (int(p.get("start", 0)), int(p.get("size", 0))) for p in raw.get("placements") or []
+            ),
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise AnnotationError(f"{NODE_REGISTER} migProfiles entry is malformed: {raw!r}") from exc
 
 
 def decode_node_devices(value: str) -> list[NodeDevice]:
@@ -142,6 +217,7 @@ def _node_device(item: Any) -> NodeDevice:
             numa=int(item.get("numa", 0)),
             health=bool(item.get("health", False)),
             mode=str(item.get("mode", "")),
+            mig_profiles=tuple(_mig_profile(p) for p in item.get("migProfiles") or []),
         )
     except (TypeError, ValueError) as exc:
         raise AnnotationError(f"{NODE_REGISTER} entry has a non-numeric field: {item!r}") from exc
@@ -192,6 +268,79 @@ def decode_pod_devices(value: str) -> list[list[ContainerDevice]]:
     """``DecodePodDevices`` for one device type: one list per ';'-separated slot, empty
     slots kept (so "a:;" gives two slots, the second empty)."""
     return [decode_container_devices(p) for p in value.split(_CONTAINER_SEP)]
+
+
+def mig_allocations(containers: Sequence[Sequence[ContainerDevice]]) -> list[MigAllocation]:
+    """``EncodeMigAllocations``' entries: every MIG share's reservation, by container slot
+    (init containers first) and position in it."""
+    return [
+        MigAllocation(ci, di, d.uuid, d.mig[0], d.mig[1], d.mig[2])
+        for ci, ctr in enumerate(containers)
+        for di, d in enumerate(ctr)
+        if d.mig is not None
+    ]
+
+
+def dump_mig_allocations(allocations: Sequence[MigAllocation]) -> str:
+    """The annotation with each allocation's runtime identity, where it has one."""
+    out = []
+    for a in allocations:
+        item: dict[str, Any] = {
+            "containerIndex": a.container_index,
+            "deviceIndex": a.device_index,
+            "gpuUUID": a.gpu_uuid,
+            "profile": a.profile,
+            "placement": {"start": a.start, "size": a.size},
+        }
+        if a.runtime_ready:
+            item.update(
+                migUUID=a.mig_uuid,
+                gpuInstanceID=a.gpu_instance_id,
+                computeInstanceID=a.compute_instance_id,
+            )
+        out.append(item)
+    return json.dumps(out, separators=(",", ":"))
+
+
+def decode_mig_allocations(value: str) -> list[MigAllocation]:
+    """``DecodeMigAllocations``: complete entries, runtime identity all or none, one per
+    (container, device)."""
+    if not value:
+        return []
+    try:
+        raw = json.loads(value)
+        out = [
+            MigAllocation(
+                container_index=int(e["containerIndex"]),
+                device_index=int(e["deviceIndex"]),
+                gpu_uuid=str(e.get("gpuUUID", "")),
+                profile=str(e.get("profile", "")),
+                start=int((e.get("placement") or {}).get("start", 0)),
+                size=int((e.get("placement") or {}).get("size", 0)),
+                mig_uuid=str(e.get("migUUID") or ""),
+                gpu_instance_id=e.get("gpuInstanceID"),
+                compute_instance_id=e.get("computeInstanceID"),
+            )
+            for e in raw
+        ]
+    except (json.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise AnnotationError(f"{MIG_ALLOCATIONS} is not a list of allocations") from exc
+    seen = set()
+    for i, a in enumerate(out):
+        if a.container_index < 0 or a.device_index < 0 or not a.gpu_uuid or not a.profile:
+            raise AnnotationError(f"MIG allocation {i} is incomplete")
+        if a.size == 0:
+            raise AnnotationError(f"MIG allocation {i} is incomplete")
+        given = (bool(a.mig_uuid), a.gpu_instance_id is not None, a.compute_instance_id is not None)
+        if any(given) and not all(given):
+            raise AnnotationError(f"MIG allocation {i} has partial runtime identity")
+        key = (a.container_index, a.device_index)
+        if key in seen:
+            raise AnnotationError(
+                f"duplicate MIG allocation for container {key[0]} device {key[1]}"
+            )
+        seen.add(key)
+    return out
 
 
 def handshake_requesting(now_local: dt.datetime) -> str:

@@ -149,7 +149,8 @@ def acquire_node_lock(s: Scheduler, node: str, pod: Mapping[str, Any]) -> None:
     except nodelock.NodeLockContention as exc:
         waited = go_duration_string(s.cfg.node_lock_retry_timeout)
         raise nodelock.NodeLockContention(
-            f"timed out after {waited} waiting for node {node} to be unlocked: {exc}"
+            f"timed out after {waited} waiting for node {node} to be unlocked: "
+            f"{nodelock.CONTENTION}"
         ) from exc
 
 

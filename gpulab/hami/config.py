@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from gpulab.errors import UserError
+from gpulab.framework.runtime import go_duration
 
 SCHEDULER_NAME = "hami-scheduler"
 
@@ -31,8 +32,19 @@ class ConfigError(UserError):
 
 
 @dataclass(frozen=True)
+class MigAllowlist:
+    """``AllowedMigProfiles``: the MIG profiles HAMi may create on GPUs whose model name
+    contains one of ``models`` (the device plugin reads their sizes and placements from
+    NVML; ``ValidateMigProfileAllowlist`` checks only the shape)."""
+
+    models: tuple[str, ...]
+    profiles: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class NvidiaConfig:
-    """``NvidiaConfig``: resource names and the defaults the webhook and Filter apply."""
+    """``NvidiaConfig``: resource names and the defaults the webhook and Filter apply, and
+    the node defaults the device plugin reads from the same file."""
 
     resource_count_name: str = "nvidia.com/gpu"
     resource_memory_name: str = "nvidia.com/gpumem"
@@ -46,14 +58,9 @@ class NvidiaConfig:
     memory_factor: int = 1
     gpu_core_policy: str = "default"  # injected as GPU_CORE_UTILIZATION_POLICY unless default
     runtime_class_name: str = ""
-
-    def managed_resources(self) -> tuple[str, ...]:
-        return (
-            self.resource_count_name,
-            self.resource_memory_name,
-            self.resource_memory_percentage_name,
-            self.resource_core_name,
-        )
+    device_split_count: int = 10  # NodeDefaultConfig: shares advertised per GPU
+    enable_numa_topology: bool = False  # NodeDefaultConfig: NUMA node on each share
+    mig_profile_allowlist: tuple[MigAllowlist, ...] = ()
 
 
 # YAML key (as the chart writes it) → NvidiaConfig field
@@ -70,7 +77,29 @@ _YAML_KEYS = {
     "memoryFactor": "memory_factor",
     "gpuCorePolicy": "gpu_core_policy",
     "runtimeClassName": "runtime_class_name",
+    "deviceSplitCount": "device_split_count",
+    "enableNumaTopology": "enable_numa_topology",
 }
+
+
+def mig_allowlist(raw: Any, source: str) -> tuple[MigAllowlist, ...]:
+    """``migProfileAllowlist`` and ``ValidateMigProfileAllowlist``: each entry names
+    models and profiles, each profile ``<n>g.<memory>``."""
+    where = f"{source}: nvidia.migProfileAllowlist"
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where} must be a list of {{models, profiles}}")
+    out = []
+    for entry in raw:
+        models = entry.get("models") if isinstance(entry, dict) else None
+        profiles = entry.get("profiles") if isinstance(entry, dict) else None
+        if not models or not profiles:
+            raise ConfigError(f"{where}: MIG profile allowlist must define models and profiles")
+        for profile in profiles:
+            head, dot, _ = str(profile).partition(".")
+            if not dot or len(head) < 2 or not head.endswith("g"):
+                raise ConfigError(f"{where}: invalid MIG profile {profile!r}")
+        out.append(MigAllowlist(tuple(map(str, models)), tuple(map(str, profiles))))
+    return tuple(out)
 
 
 def nvidia_config(data: Any, source: str) -> NvidiaConfig:
@@ -94,6 +123,8 @@ def nvidia_config(data: Any, source: str) -> NvidiaConfig:
         values[name] = value
     if values.get("gpu_core_policy", "default") in ("", "default"):
         values["gpu_core_policy"] = "default"
+    if section.get("migProfileAllowlist") is not None:
+        values["mig_profile_allowlist"] = mig_allowlist(section["migProfileAllowlist"], source)
     return NvidiaConfig(**values)
 
 
@@ -145,15 +176,8 @@ def parse_go_duration(value: str, flag: str) -> dt.timedelta:
 
 
 def go_duration_string(delta: dt.timedelta) -> str:
-    """``time.Duration.String()`` for whole seconds and minutes ("5m0s", "28s")."""
-    total = int(delta.total_seconds())
-    hours, rest = divmod(total, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{seconds}s"
-    if minutes:
-        return f"{minutes}m{seconds}s"
-    return f"{seconds}s"
+    """``time.Duration.String()``: "5m0s", "28s", "300ms" (the framework's formatter)."""
+    return go_duration(delta.total_seconds())
 
 
 def parse_string_to_string(value: str, flag: str) -> dict[str, str]:

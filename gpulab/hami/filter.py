@@ -119,9 +119,13 @@ def filter(s: Scheduler, args: Any) -> dict[str, Any]:
         chosen = pick_node(results, opts.node_policy)
         if chosen is not None:
             shares = collapse_init_usage(chosen.devices, n_init)
+            mig = ann.mig_allocations(chosen.devices)
             s.add_pod(
-                PodInfo(uid, ref.namespace or "default", ref.name, chosen.node, shares, pod=pod)
-            )
+                PodInfo(
+                    uid, ref.namespace or "default", ref.name, chosen.node, shares, pod=pod,
+                    mig=mig,
+                )
+            )  # fmt: skip
     failed = {r.node: r.reason for r in results if not r.fit}
     record = filter_record(results, chosen, opts, s.clock().isoformat(timespec="seconds"))
     if chosen is None:
@@ -136,6 +140,9 @@ def filter(s: Scheduler, args: Any) -> dict[str, Any]:
         ann.DEVICES_ALLOCATED: encoded,
         FILTER_RESULT: record,
     }
+    mig = ann.mig_allocations(chosen.devices)
+    if mig:  # PatchAnnotations: the MIG reservations beside the devices
+        allocation[ann.MIG_ALLOCATIONS] = ann.dump_mig_allocations(mig)
     if s.cfg.async_filter_patch:
         _write_later(s, uid, ref, allocation)
     else:
@@ -293,7 +300,9 @@ def _no_fit(
         "Filter", ref, f"no node fits: {reasons or 'no candidate nodes'}"[:1000], warning=True
     )
     annos = meta(pod).get("annotations") or {}
-    stale = {ann.ASSIGNED_NODE, ann.DEVICES_TO_ALLOCATE, ann.DEVICES_ALLOCATED} & set(annos)
+    assigned = (ann.ASSIGNED_NODE, ann.DEVICES_TO_ALLOCATE, ann.DEVICES_ALLOCATED,
+                ann.MIG_ALLOCATIONS)  # fmt: skip
+    stale = set(assigned) & set(annos)
     if not stale and _failure_recorded(annos.get(FILTER_RESULT)):
         # the first failure is on record; rewriting it at every retry would count as a pod
         # update and send the pod straight back to Filter

@@ -4,11 +4,15 @@ Mirrors Project-HAMi/HAMi v2.10.0 ``cmd/scheduler/metrics.go`` (``ClusterManager
 ``hami_gpu_memory_limit_bytes``, ``hami_gpu_core_limit_ratio``,
 ``hami_gpu_memory_allocated_bytes``, ``hami_gpu_shared_count``,
 ``hami_gpu_core_allocated_ratio``, ``hami_node_gpu_overview``,
-``hami_node_gpu_memory_allocated_ratio``, ``hami_resource_quota_used`` /
-``hami_resource_quota_limit``, ``hami_vgpu_memory_allocated_bytes``,
-``hami_vgpu_core_allocated_ratio``, all with the constant label ``zone="vGPU"``; with
-``--legacy-metrics`` also the pre-2.9 names ``GPUDeviceMemoryLimit`` ...) and
-``pkg/metrics/metrics.go`` (``hami_build_info``).
+``hami_node_gpu_memory_allocated_ratio``, ``hami_node_gpu_mig_instance_info``,
+``hami_resource_quota_used`` / ``hami_resource_quota_limit``,
+``hami_vgpu_memory_allocated_bytes``, ``hami_vgpu_core_allocated_ratio``, all with the
+constant label ``zone="vGPU"``; with ``--legacy-metrics`` also the pre-2.9 names
+``GPUDeviceMemoryLimit``, ``GPUDeviceCoreLimit``, ``GPUDeviceMemoryAllocated``,
+``GPUDeviceSharedNum``, ``GPUDeviceCoreAllocated``, ``nodeGPUOverview``,
+``nodeGPUMemoryPercentage``, ``nodeGPUMigInstance``, ``QuotaUsed``,
+``vGPUMemoryAllocated``, ``vGPUCoreAllocated``) and ``pkg/metrics/metrics.go``
+(``hami_build_info``).
 
 Differences, named: the gauges are computed at scrape time from the live usage (upstream
 reads the snapshot its last registration pass took, up to 15 s old); ``hami_build_info``
@@ -25,7 +29,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpulab.hami import annotations as ann
 from gpulab.hami.scheduler import Scheduler
+from gpulab.hami.score import CardUsage
 
 ZONE = "vGPU"
 MIB = 1024 * 1024
@@ -103,6 +109,16 @@ class ClusterManagerCollector(Collector):
             "core_alloc": _family(
                 "GPUDeviceCoreAllocated", "Device core allocated for a certain GPU", _LEGACY_DEV
             ),
+            "overview": _family(
+                "nodeGPUOverview",
+                "GPU overview on a certain node",
+                [*_LEGACY_DEV[:3], "devicecores", "devicememorylimit", "devicetype"],
+            ),
+            "mem_pct": _family(
+                "nodeGPUMemoryPercentage",
+                "GPU Memory Allocated Percentage on a certain GPU",
+                ["nodeid", "deviceuuid", "deviceidx"],
+            ),
         }
         for node, cards in sorted(usage.items()):
             for c in cards:
@@ -127,11 +143,60 @@ class ClusterManagerCollector(Collector):
                 )
                 legacy["shared"].add_metric([*dev, ZONE], c.used)
                 legacy["core_alloc"].add_metric([*dev, ZONE], c.usedcores)
+                legacy["overview"].add_metric(
+                    [node, c.id, str(c.index), str(c.totalcore), str(c.totalmem), c.type, ZONE],
+                    c.usedmem * MIB,
+                )
+                if c.totalmem > 0:
+                    legacy["mem_pct"].add_metric(
+                        [node, c.id, str(c.index), ZONE], c.usedmem / c.totalmem
+                    )
         yield from f.values()
+        yield from self._mig_instances(usage)
         yield from self._quotas()
         yield from self._containers()
         if self.legacy:
             yield from legacy.values()
+
+    def _mig_instances(self, usage: dict[str, list[CardUsage]]) -> Iterator[Metric]:
+        """``hami_node_gpu_mig_instance_info``: every MIG instance the device plugin has
+        created for a pod (its allocation carries the MIG UUID) on a MIG-mode GPU;
+        ``nodeGPUMigInstance`` (``<profile>-<GI id>``) with --legacy-metrics."""
+        info = _family(
+            "hami_node_gpu_mig_instance_info",
+            "Realized MIG instance identity and scheduler placement",
+            ["node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id",
+             "compute_instance_id", "placement_start", "placement_size"],
+        )  # fmt: skip
+        legacy = _family(
+            "nodeGPUMigInstance",
+            "GPU Sharing mode. 0 for hami-core, 1 for mig, 2 for mps",
+            [*_LEGACY_DEV[:3], "migname"],
+        )
+        cards = {
+            (node, c.id): c for node, cs in usage.items() for c in cs if c.mode == ann.MODE_MIG
+        }
+        for p in sorted(self.scheduler.pod_infos(), key=lambda p: (p.node, p.namespace, p.name)):
+            raw = ((p.pod.get("metadata") or {}).get("annotations") or {}).get(
+                ann.MIG_ALLOCATIONS, ""
+            )
+            try:
+                allocations = ann.decode_mig_allocations(raw)
+            except ann.AnnotationError:
+                continue
+            for a in allocations:
+                card = cards.get((p.node, a.gpu_uuid))
+                if card is None or not a.runtime_ready:
+                    continue
+                labels = [p.node, card.id, str(card.index), a.mig_uuid, a.profile,
+                          str(a.gpu_instance_id), str(a.compute_instance_id), str(a.start),
+                          str(a.size), ZONE]  # fmt: skip
+                info.add_metric(labels, 1)
+                migname = f"{a.profile}-{a.gpu_instance_id}"
+                legacy.add_metric([p.node, card.id, str(card.index), migname, ZONE], 1)
+        yield info
+        if self.legacy:
+            yield legacy
 
     def _quotas(self) -> Iterator[Metric]:
         used = _family(

@@ -28,6 +28,7 @@ from typing import Any
 
 from gpulab.hami import annotations as ann
 from gpulab.hami.cluster import Cluster, ClusterError, NotFound
+from gpulab.hami.config import go_duration_string
 from gpulab.wait import retry_call
 
 NODE_LOCK_KEY = ann.NODE_LOCK
@@ -37,8 +38,13 @@ _STEPS = 5  # DefaultStrategy: Steps 5, Duration 100ms, Factor 2
 _FIRST_WAIT = 0.1
 
 
+CONTENTION = "node lock contention"  # ErrNodeLockContention's text, which upstream wraps
+
+
 class NodeLockContention(ClusterError):
-    """``ErrNodeLockContention``: another live pod holds a fresh lock on the node."""
+    """``ErrNodeLockContention``: another live pod holds a fresh lock on the node. The
+    message is upstream's, wrapped the way ``%w`` wraps it (learners read it in the pod's
+    BindingFailed Event)."""
 
 
 class NodeLockError(ClusterError):
@@ -95,7 +101,7 @@ def set_node_lock(cluster: Cluster, node: str, namespace: str, pod: str, now: dt
     than contention)."""
     with MUTEXES.get(node):
         if _lock_of(cluster.get_node(node)) is not None:
-            raise NodeLockContention(f"node {node} is locked")
+            raise NodeLockContention(f"node {node} is locked: {CONTENTION}")
 
         def attempt() -> None:
             current = cluster.get_node(node)
@@ -103,7 +109,7 @@ def set_node_lock(cluster: Cluster, node: str, namespace: str, pod: str, now: dt
             if held is not None and owned_by(held, namespace, pod):
                 return
             if held is not None:
-                raise NodeLockContention(f"node {node} is locked")
+                raise NodeLockContention(f"node {node} is locked: {CONTENTION}")
             cluster.patch_node_annotations(
                 node, {NODE_LOCK_KEY: encode(now, namespace, pod)}, resource_version=_rv(current)
             )
@@ -188,11 +194,8 @@ def lock_node(
         except NotFound:
             replace = True  # dangling: its pod is gone
     if not replace:
-        since = ann.rfc3339(locked_at)
-        who = f" by {holder_ns}/{holder}" if holder else ""
         raise NodeLockContention(
-            f"node {node} has been locked{who} since {since}, within "
-            f"{int(timeout.total_seconds())}s"
+            f"node {node} has been locked within {go_duration_string(timeout)}: {CONTENTION}"
         )
     release_node_lock(cluster, node, namespace, pod, skip_owner_check=True)
     set_node_lock(cluster, node, namespace, pod, now)

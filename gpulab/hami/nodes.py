@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpulab.hami.annotations import NodeDevice
+from gpulab.hami.annotations import MigAllocation, NodeDevice
 from gpulab.hami.pods import PodInfo, Share
 from gpulab.hami.score import CardUsage, NodeExtras, NodeResult
 
@@ -44,9 +44,12 @@ class NodeEntry:
 def cards_of(devices: Sequence[NodeDevice]) -> list[CardUsage]:
     """``buildNodeUsage``: a card per registered device, nothing used yet."""
     return [
-        CardUsage(d.id, d.index, d.type, d.count, d.devmem, d.devcore, d.numa, d.mode, d.health)
+        CardUsage(
+            d.id, d.index, d.type, d.count, d.devmem, d.devcore, d.numa, d.mode, d.health,
+            mig_profiles=d.mig_profiles,
+        )
         for d in devices
-    ]
+    ]  # fmt: skip
 
 
 class NodeManager:
@@ -88,16 +91,19 @@ class NodeManager:
         entry.by_id = {c.id: c for c in entry.cards}
         self._nodes[name] = entry
         for info in pods:
-            self.charge(name, info.shares, +1)
+            self.charge(name, info.shares, +1, info.mig)
         return True
 
     def remove(self, name: str) -> bool:
         """``rmNode`` / ``rmNodeDevices`` (one vendor here)."""
         return self._nodes.pop(name, None) is not None
 
-    def charge(self, node: str, shares: Sequence[Share], sign: int) -> None:
-        """Add (``sign`` +1) or give back (-1) a pod's shares on ``node``'s cards; shares
-        on cards the node does not register are ignored, as upstream logs and skips them."""
+    def charge(
+        self, node: str, shares: Sequence[Share], sign: int, mig: Sequence[MigAllocation] = ()
+    ) -> None:
+        """Add (``sign`` +1) or give back (-1) a pod's shares on ``node``'s cards, and its
+        MIG placements on the MIG-mode cards; shares on cards the node does not register
+        are ignored, as upstream logs and skips them."""
         entry = self._nodes.get(node)
         if entry is None or not shares:
             return
@@ -107,6 +113,14 @@ class NodeManager:
                 card.used += sign * s.slots
                 card.usedmem += sign * s.usedmem
                 card.usedcores += sign * s.usedcores
+        for a in mig:
+            card = entry.by_id.get(a.gpu_uuid)
+            if card is None:
+                continue
+            if sign > 0:
+                card.mig_in_use.append((a.start, a.size))
+            elif (a.start, a.size) in card.mig_in_use:
+                card.mig_in_use.remove((a.start, a.size))
         entry.changed()
 
     @staticmethod

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gpulab.hami.annotations import ContainerDevice
+from gpulab.hami.annotations import ContainerDevice, MigAllocation
 
 
 class Share(NamedTuple):
@@ -69,6 +69,7 @@ class PodInfo:
     shares: list[Share]
     init_released: bool = False
     pod: dict = field(default_factory=dict, repr=False)
+    mig: list[MigAllocation] = field(default_factory=list)  # its MIG reservations
 
 
 class PodManager:

@@ -237,7 +237,7 @@ class Scheduler:
 
     def _give(self, info: PodInfo, sign: int) -> None:
         """Charge (+1) or credit (-1) a pod's shares to its node and namespace quota."""
-        self.nodes.charge(info.node, info.shares, sign)
+        self.nodes.charge(info.node, info.shares, sign, info.mig)
         self.quotas.add_usage(info.namespace, info.shares, sign)
 
     def take_pod(self, uid: str) -> PodInfo | None:
@@ -273,6 +273,7 @@ class Scheduler:
         try:
             devices = ann.decode_pod_devices(annos.get(ann.DEVICES_ALLOCATED, ""))
             n_init = len(container_lists(pod)[0])
+            mig = ann.decode_mig_allocations(annos.get(ann.MIG_ALLOCATIONS, ""))
         except ValueError as exc:
             _log.warning("failed to decode pod devices of %s: %s", pod_ref(pod), exc)
             return
@@ -284,6 +285,7 @@ class Scheduler:
             node,
             collapse_init_usage(devices, n_init),
             pod=pod,
+            mig=mig,
         )
         with self.lock:
             self.add_pod(info)

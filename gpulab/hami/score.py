@@ -4,8 +4,13 @@ Mirrors Project-HAMi/HAMi v2.10.0:
 - ``pkg/scheduler/score.go`` (``scoreNode``, ``allocateInitContainers``,
   ``allocateAppContainers``, ``fitInDevices``) → :func:`fit_node`, :func:`fit_in_devices`;
 - ``pkg/device/nvidia/device.go`` ``Fit`` (the card checks in upstream's order, the
-  ``topology-aware`` pick via ``computeWorstSingleCard`` / ``computeBestCombination``)
-  → :func:`fit_cards`;
+  ``topology-aware`` pick via ``computeWorstSingleCard`` / ``computeBestCombination``, a
+  MIG-mode card tried again for the container's next share), ``CustomFilterRule``,
+  ``selectMigCandidate`` and ``AddResourceUsage`` → :func:`fit_cards`, :func:`fit_in_devices`;
+- ``pkg/device/nvidia/mig_topology.go`` (``orderedMigPlacements``: 1g and 3g instances from
+  the highest start down, the others from the lowest up; ``selectMigPlacement``) →
+  :func:`select_mig_candidate`: the smallest allowed MIG profile holding the request's
+  memory that has a free placement on the card;
 - ``pkg/scheduler/policy/gpu_policy.go`` (``ComputeScore``, ``DeviceUsageList.Less`` with
   ``binpack``, ``spread``, ``mutex``, ``numa``, ``topology-aware`` and comma chains)
   → :func:`card_score`, :func:`order_cards`;
@@ -29,7 +34,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpulab.hami.annotations import DEVICE_TYPE, ContainerDevice
+from gpulab.hami.annotations import (
+    DEVICE_TYPE,
+    MODE_HAMI_CORE,
+    MODE_MIG,
+    ContainerDevice,
+    MigProfile,
+)
 from gpulab.hami.device import CardFilter, ContainerRequest
 
 BINPACK = "binpack"
@@ -43,7 +54,6 @@ NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
 WEIGHT = 10
-MIG_MODE = "mig"
 
 # Reason names from pkg/device/common (note the spelling of CardUuidMismatch).
 CARD_TYPE_MISMATCH = "CardTypeMismatch"
@@ -59,6 +69,7 @@ EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
 NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
 ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
 RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
+CARD_MIG_TOPOLOGY_INFEASIBLE = "CardMigTopologyInfeasible"
 NODE_UNREGISTERED = "node unregistered"
 
 
@@ -75,6 +86,8 @@ class CardUsage:
         "health",
         "id",
         "index",
+        "mig_in_use",
+        "mig_profiles",
         "mode",
         "numa",
         "totalcore",
@@ -94,15 +107,19 @@ class CardUsage:
         totalmem: int,
         totalcore: int,
         numa: int = 0,
-        mode: str = "hami-core",
+        mode: str = MODE_HAMI_CORE,
         health: bool = True,
         used: int = 0,
         usedmem: int = 0,
         usedcores: int = 0,
+        mig_profiles: tuple[MigProfile, ...] = (),
+        mig_in_use: Sequence[tuple[int, int]] = (),
     ) -> None:
         self.id, self.index, self.type, self.count = id, index, type, count
         self.totalmem, self.totalcore, self.numa, self.mode = totalmem, totalcore, numa, mode
         self.health, self.used, self.usedmem, self.usedcores = health, used, usedmem, usedcores
+        # MIG mode: the profiles it may be cut into, the placements reserved on it
+        self.mig_profiles, self.mig_in_use = mig_profiles, list(mig_in_use)
 
     def copy(self) -> CardUsage:
         return CardUsage(
@@ -118,6 +135,8 @@ class CardUsage:
             self.used,
             self.usedmem,
             self.usedcores,
+            self.mig_profiles,
+            self.mig_in_use,
         )
 
     def __repr__(self) -> str:
@@ -368,6 +387,48 @@ def _best_combination(
     return best
 
 
+def _placements(profile: MigProfile) -> list[tuple[int, int]]:
+    """``orderedMigPlacements``: 1g and 3g from the highest start down (keeping the low
+    slices for larger instances), the others from the lowest up."""
+    high = profile.name.startswith(("1g.", "3g."))
+    return sorted(profile.placements, key=lambda p: -p[0] if high else p[0])
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def select_mig_candidate(
+    profiles: Sequence[MigProfile], occupied: Sequence[tuple[int, int]], memory: int
+) -> tuple[MigProfile, tuple[int, int]] | None:
+    """``selectMigCandidate``: the smallest profile (memory, then slices) with at least
+    ``memory`` MiB and a placement free of ``occupied``."""
+    for profile in sorted(profiles, key=lambda p: (p.memory_mb, p.slice_count)):
+        if profile.memory_mb < memory:
+            continue
+        named = next(p for p in profiles if p.name == profile.name)  # selectMigPlacement
+        place = next(
+            (c for c in _placements(named) if not any(_overlap(c, o) for o in occupied)), None
+        )
+        if place is not None:
+            return profile, place
+    return None
+
+
+def mig_fits(dev: CardUsage, granted: Sequence[ContainerDevice], memory: int) -> bool:
+    """``CustomFilterRule`` on a MIG-mode card: the container's shares already placed on it
+    and then this one each get a profile and a free placement."""
+    occupied = list(dev.mig_in_use)
+    for existing in granted:
+        if existing.uuid != dev.id:
+            continue
+        found = select_mig_candidate(dev.mig_profiles, occupied, existing.usedmem)
+        if found is None:
+            return False
+        occupied.append(found[1])
+    return select_mig_candidate(dev.mig_profiles, occupied, memory) is not None
+
+
 def fit_cards(
     devices: Sequence[CardUsage],
     req: ContainerRequest,
@@ -382,7 +443,10 @@ def fit_cards(
     granted: list[ContainerDevice] = []
     reasons: Counter[str] = Counter()
     flt, topology, mutex = opts.cards, opts.topology, opts.mutex
-    for dev in reversed(devices):
+    i = len(devices)
+    while i > 0:
+        i -= 1
+        dev = devices[i]
         if not dev.health:
             reasons[CARD_NOT_HEALTH] += 1
             continue
@@ -422,12 +486,17 @@ def fit_cards(
         if dev.totalcore != 0 and dev.usedcores == dev.totalcore and coresreq == 0:
             reasons[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
             continue
+        if dev.mode == MODE_MIG and not mig_fits(dev, granted, memreq):
+            reasons[CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
+            continue
         if nums > 0:
             if not topology:
                 nums -= 1
             granted.append(ContainerDevice(dev.id, req.type, memreq, coresreq))
         if nums == 0 and not topology:
             return True, granted, ""
+        if dev.mode == MODE_MIG:
+            i += 1  # the same card again: several MIG instances of one GPU
     if topology:
         if len(granted) == req.nums:
             return True, granted, ""
@@ -452,18 +521,38 @@ def fit_in_devices(
     order = order_cards(work, scores, opts.gpu_policy, opts.cards.numa_bind)
     wanted = req.type.lower()
     typed = [work[i] for i in order if wanted in work[i].type.lower()]
-    if req.nums > len(typed):
+    mig_request = any(c.mode == MODE_MIG for c in typed) and (
+        opts.cards.mode is None or MODE_MIG in opts.cards.mode
+    )  # isMIGRequest: one GPU may hold several of the container's shares
+    if req.nums > len(typed) and not mig_request:
         return False, [], NODE_INSUFFICIENT_DEVICE
     fit, granted, reason = fit_cards(typed, req, opts, extras, quota)
     if not fit:
         return False, [], reason
     by_id = {c.id: c for c in work}
+    charged = []
     for g in granted:  # AddResourceUsage
         card = by_id[g.uuid]
+        if card.mode == MODE_MIG:
+            found = select_mig_candidate(card.mig_profiles, card.mig_in_use, g.usedmem)
+            if found is None:
+                return (
+                    False,
+                    [],
+                    (
+                        f"AddResourceUsage failed for device {card.id}: "
+                        "MIG profile and placement allocation failed"
+                    ),
+                )
+            profile, place = found
+            g = ContainerDevice(g.uuid, g.type, profile.memory_mb, profile.core,
+                                (profile.name, *place))  # fmt: skip
+            card.mig_in_use.append(place)
         card.used += 1
         card.usedcores += g.usedcores
         card.usedmem += g.usedmem
-    return True, granted, ""
+        charged.append(g)
+    return True, charged, ""
 
 
 def fit_node(

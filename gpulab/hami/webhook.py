@@ -37,6 +37,8 @@ from gpulab.hami.device import RequestError, container_request, quantity
 DEFAULT_SCHEDULER = "default-scheduler"
 TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 CORE_LIMIT_SWITCH = "GPU_CORE_UTILIZATION_POLICY"
+# The AdmissionReview versions controller-runtime answers, each in its own version.
+REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
 # (namespace, memory MiB, cores %) → fits the namespace's ResourceQuota?
 QuotaFit = Callable[[str, int, int], bool]
@@ -248,8 +250,9 @@ def decide(
 def review(
     body: Any, cfg: WebhookConfig, fits: QuotaFit | None = None
 ) -> tuple[dict[str, Any], Decision]:
-    """Answer one AdmissionReview (admission.k8s.io/v1) as controller-runtime does: HTTP 200
-    always; a body it cannot decode gets an ``Errored(400)`` response with no uid."""
+    """Answer one AdmissionReview as controller-runtime does: in the request's version
+    (admission.k8s.io/v1beta1, what the chart's webhook asks the API server for, or v1);
+    HTTP 200 always; a body it cannot decode gets an ``Errored(400)`` response with no uid."""
     if not isinstance(body, Mapping) or not isinstance(body.get("request"), Mapping):
         decision = errored(400, "couldn't decode the body as an AdmissionReview with a request")
         return {"response": _response("", decision)}, decision
@@ -264,8 +267,9 @@ def review(
         meta = pod.get("metadata")
         namespace = str(req.get("namespace") or (meta or {}).get("namespace") or "default")
         decision = decide(pod, cfg, namespace, fits)
+    version = body.get("apiVersion")
     answer = {
-        "apiVersion": "admission.k8s.io/v1",
+        "apiVersion": version if version in REVIEW_VERSIONS else REVIEW_VERSIONS[0],
         "kind": "AdmissionReview",
         "response": _response(str(uid), decision),
     }

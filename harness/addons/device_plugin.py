@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable
 
 from kubernetes import client
 
-from gpulab.deviceplugin.config import Config, hami_config, render, time_slicing
+from gpulab.deviceplugin.config import Config, render, time_slicing
+from gpulab.deviceplugin.hami import NodeConfig, plugin_resource
 from gpulab.deviceplugin.rm import build_resources, parse_mig_minors
 from gpulab.fakegpu import inventory, profiles
 from gpulab.fakegpu import render as fakegpu_render
-from gpulab.hami.annotations import DEFAULT_SPLIT_COUNT
 from gpulab.wait import WaitTimeout, wait_for
 from harness.apply import FIELD_MANAGER, MANIFESTS, load_documents
 from harness.backends import SYSTEM_NAMESPACE, Backend
@@ -41,9 +41,7 @@ ADVERTISE_TIMEOUT = 120.0
 
 
 def plugin_config(settings: DevicePluginConfig) -> Config:
-    """What the device plugin runs with on such a node (its config file, or HAMi mode)."""
-    if settings.hami:
-        return hami_config(DEFAULT_SPLIT_COUNT)
+    """What NVIDIA's device plugin runs with on such a node (its config file)."""
     return Config(mig_strategy=settings.mig_strategy, time_slicing=time_slicing(settings.replicas))
 
 
@@ -69,11 +67,15 @@ def expected_resources(node: NodeSpec) -> dict[str, int]:
     if not node.profile:
         return {}
     profile = profiles.load(node.profile)
-    resources = build_resources(
-        inventory.gpu_infos(profile, node.name),
-        plugin_config(node.device_plugin),
-        parse_mig_minors(fakegpu_render.mig_minors(profile)),
-    )
+    gpus = inventory.gpu_infos(profile, node.name)
+    if node.device_plugin.hami:  # HAMi's plugin: deviceSplitCount IDs per GPU, in any mode
+        resources = [plugin_resource(gpus, NodeConfig())]
+    else:
+        resources = build_resources(
+            gpus,
+            plugin_config(node.device_plugin),
+            parse_mig_minors(fakegpu_render.mig_minors(profile)),
+        )
     return {r.name: len(r.devices) for r in resources}
 
 

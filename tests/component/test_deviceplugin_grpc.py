@@ -269,7 +269,12 @@ def test_an_xid_makes_the_gpu_unhealthy_for_as_long_as_the_plugin_runs(
     restarted = run_plugin()
     kubelet.next_request()
     fresh = restarted.watch()
-    assert fresh.next() == dict.fromkeys(uuids(8), "Healthy")
+    assert fresh.next() == dict.fromkeys(uuids(8), "Healthy")  # every first list is
+    watching(restarted.log)
+    assert fresh.none_within(3.0)  # GPU 5's fault, still active in the driver: not replayed
+    fake_gpu(state_dir, "inject", "--gpu", "6", "--xid", "79")  # positive control
+    after = fresh.next(timeout=10)
+    assert [u for u, h in after.items() if h == "Unhealthy"] == [gpu_uuid(NODE, 6)]
     fresh.close()
 
 
@@ -325,6 +330,11 @@ def test_a_fault_from_before_the_start_is_not_seen(
     kubelet.next_request()
     watcher = plugin.watch()
     assert watcher.next() == dict.fromkeys(uuids(8), "Healthy")
+    watching(plugin.log)
+    assert watcher.none_within(3.0)  # the earlier fault never arrives ...
+    fake_gpu(state_dir, "inject", "--gpu", "1", "--xid", "79")  # ... a later one does
+    later = watcher.next(timeout=10)
+    assert [u for u, h in later.items() if h == "Unhealthy"] == [gpu_uuid(NODE, 1)]
     watcher.close()
 
 
@@ -500,6 +510,23 @@ def test_time_slicing_from_the_config_file(kubelet: FakeKubelet, run_plugin) -> 
     )
     (got,) = plugin.stub().GetPreferredAllocation(request).container_responses
     assert len({i.split("::")[0] for i in got.deviceIDs}) == 3
+
+
+def test_an_xid_on_a_time_sliced_gpu_takes_one_replica_out_as_v0_20_0(
+    kubelet: FakeKubelet, run_plugin, state_dir: Path
+) -> None:
+    """health.go's parentToDeviceMap keeps one device per GPU: 1 of the GPU's 4 replicas
+    goes Unhealthy (allocatable drops by one), the other 3 stay Healthy."""
+    plugin = run_plugin("a100-sxm4-40gb-x8", config=TIME_SLICED)
+    kubelet.next_request()
+    watcher = plugin.watch()
+    watcher.next()
+    watching(plugin.log)
+    fake_gpu(state_dir, "inject", "--gpu", "2", "--xid", "79")
+    update = watcher.next(timeout=10)
+    assert [i for i, h in update.items() if h == "Unhealthy"] == [f"{gpu_uuid(NODE, 2)}::3"]
+    assert sum(1 for h in update.values() if h == "Healthy") == 8 * 4 - 1
+    watcher.close()
 
 
 def test_a_mig_strategy_flag_overrides_the_config_file(kubelet: FakeKubelet, run_plugin) -> None:

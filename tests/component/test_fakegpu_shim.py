@@ -795,6 +795,56 @@ def test_placement_follows_memory_slices(a100: dict[str, str]) -> None:
     }
 
 
+def test_possible_placements_and_creating_a_gpu_instance_at_one(a100: dict[str, str]) -> None:
+    """What HAMi's MIG mode calls: nvmlDeviceGetGpuInstancePossiblePlacements_v2 (an
+    A100-40GB's documented starts per profile, in memory slices) and
+    nvmlDeviceCreateGpuInstanceWithPlacement at the start the scheduler reserved."""
+    got = step(
+        f"""
+        N.nvmlDeviceSetMigMode(gpu, 1)
+
+        def possible(profile_id):
+            n = ctypes.c_uint(0)
+            N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, profile_id, None, ctypes.byref(n))
+            arr = (N.c_nvmlGpuInstancePlacement_t * n.value)()
+            N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu, profile_id, arr, ctypes.byref(n))
+            return [[arr[i].start, arr[i].size] for i in range(n.value)]
+
+        def at(profile_id, start, size):
+            place = N.c_nvmlGpuInstancePlacement_t(start, size)
+            try:
+                gi = N.nvmlDeviceCreateGpuInstanceWithPlacement(
+                    gpu, profile_id, ctypes.byref(place))
+            except N.NVMLError as e:
+                return e.value
+            info = N.nvmlGpuInstanceGetInfo(gi)
+            return [info.id, info.placement.start, info.placement.size]
+
+        out = {{"possible": {{str(p): possible(p) for p in (19, 14, 9, 5, 0, 15)}}}}
+        out["1g_at_6"] = at({GI_1G_5GB}, 6, 1)
+        out["3g_at_4"] = at({GI_3G_20GB}, 4, 4)  # overlaps the 1g at 6
+        out["3g_at_0"] = at({GI_3G_20GB}, 0, 4)
+        out["1g_at_7"] = at({GI_1G_5GB}, 7, 1)  # no compute slice left of 7
+        out["1g_at_6_again"] = at({GI_1G_5GB}, 6, 1)
+        out["wrong_size"] = at({GI_1G_5GB}, 5, 2)
+        print(json.dumps(out))
+        """,
+        a100,
+    )
+    assert got["possible"] == {
+        "19": [[s, 1] for s in range(7)],  # 1g.5gb
+        "14": [[0, 2], [2, 2], [4, 2]],  # 2g.10gb
+        "9": [[0, 4], [4, 4]],  # 3g.20gb
+        "5": [[0, 4]],  # 4g.20gb
+        "0": [[0, 8]],  # 7g.40gb
+        "15": [[0, 2], [2, 2], [4, 2], [6, 2]],  # 1g.10gb
+    }
+    assert got["1g_at_6"] == [1, 6, 1] and got["3g_at_0"] == [2, 0, 4]
+    assert got["3g_at_4"] == INSUFFICIENT_RESOURCES
+    assert got["1g_at_6_again"] == INSUFFICIENT_RESOURCES
+    assert got["1g_at_7"] == got["wrong_size"] == INVALID_ARGUMENT
+
+
 def test_mig_calls_need_mig_mode_and_a_mig_capable_gpu(shim: Path, tmp_path: Path) -> None:
     got = step(
         f"""
@@ -936,3 +986,58 @@ def test_a_container_sees_only_the_gpus_it_was_given(shim: Path, tmp_path: Path)
     for nothing in ("none", "void", ""):
         assert probe(VISIBLE, {**env, "NVIDIA_VISIBLE_DEVICES": nothing}) == []
     assert probe(VISIBLE, {**env, "NVIDIA_VISIBLE_DEVICES": "all"}) == every
+
+
+# ------------------------------------------------------------ HAMi-core
+
+HAMI_CORE = """
+    import json, pynvml as N
+    N.nvmlInit()
+    out = []
+    for i in range(N.nvmlDeviceGetCount()):
+        h = N.nvmlDeviceGetHandleByIndex(i)
+        m1, m2 = N.nvmlDeviceGetMemoryInfo(h), N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)
+        out.append({"uuid": N.nvmlDeviceGetUUID(h), "total": m1.total >> 20, "free": m1.free >> 20,
+                    "used": m1.used, "total_v2": m2.total >> 20, "free_v2": m2.free >> 20})
+    print(json.dumps(out))
+"""
+
+
+def test_hami_cores_memory_limit_is_the_total_a_container_sees(shim: Path, tmp_path: Path) -> None:
+    """HAMi-core hooks nvmlDeviceGetMemoryInfo(_v2) only: with the envs HAMi's Allocate sets,
+    the limit of the container's i-th GPU is its total (free = total, nothing allocated);
+    without them, or with CUDA_DISABLE_CONTROL=true (no libvgpu.so preloaded), the GPU's."""
+    env = nvml.shim_env(NODE, "a100-sxm4-40gb-x8", tmp_path)
+    whole = probe(HAMI_CORE, env)
+    assert {g["total"] for g in whole} == {40960}
+    gpu2, gpu5 = whole[2]["uuid"], whole[5]["uuid"]
+    hami = {
+        **env,
+        "NVIDIA_VISIBLE_DEVICES": f"{gpu5},{gpu2}",  # renumbered: gpu2 is index 0
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1": "2g",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+    }
+    got = probe(HAMI_CORE, hami)
+    assert [(g["uuid"], g["total"], g["total_v2"]) for g in got] == [
+        (gpu2, 3000, 3000),
+        (gpu5, 2048, 2048),
+    ]
+    assert all(g["free"] == g["total"] == g["free_v2"] and g["used"] == 0 for g in got)
+    # CUDA_DEVICE_MEMORY_LIMIT is the fallback for a GPU without its own; 0 is no limit
+    fallback = {**hami, "CUDA_DEVICE_MEMORY_LIMIT_1": "0", "CUDA_DEVICE_MEMORY_LIMIT": "1024m"}
+    assert [g["total"] for g in probe(HAMI_CORE, fallback)] == [3000, 1024]
+    # HAMi's plugin mounts no ld.so.preload for CUDA_DISABLE_CONTROL=true: no HAMi-core
+    off = probe(HAMI_CORE, {**hami, "CUDA_DISABLE_CONTROL": "true"})
+    assert [g["total"] for g in off] == [40960, 40960]
+
+
+def test_nvidia_smi_in_a_hami_container_shows_the_limit(shim: Path, tmp_path: Path) -> None:
+    env = nvml.shim_env(NODE, "t4-x4", tmp_path)
+    uuid = profiles.gpu_uuid(NODE, 1)
+    hami = {"NVIDIA_VISIBLE_DEVICES": uuid, "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m"}
+    smi = Path(sys.executable).parent / "fake-nvidia-smi"
+    out = subprocess.run(
+        [str(smi)], env={**os.environ, **env, **hami}, capture_output=True, text=True, check=True
+    ).stdout
+    assert "0MiB / 3000MiB" in out and "15360MiB" not in out, out

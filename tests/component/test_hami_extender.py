@@ -281,7 +281,7 @@ def test_a_second_pod_on_a_locked_node_fails_at_once_until_allocate_releases() -
     start = time.monotonic()
     result = bind_mod.bind(world.scheduler, bind_args(second, "gpu-node-1"))
     assert time.monotonic() - start < 0.5  # no retry for pods outside a PodGroup
-    assert "locked by default/first" in result["Error"]
+    assert result["Error"] == "node gpu-node-1 has been locked within 5m0s: node lock contention"
     assert nodelock.owned_by(world.node_lock() or "", "default", "first")
     assert world.cluster.bindings == [("default", "first", "gpu-node-1")]
     world.allocate()  # the device plugin allocates "first" and releases the lock
@@ -309,9 +309,8 @@ def test_a_pod_group_member_waits_for_the_lock() -> None:
     for pod in (a, b):
         filter_mod.filter(short.scheduler, filter_args(pod, ["gpu-node-1"]))
     bind_mod.bind(short.scheduler, bind_args(a, "gpu-node-1"))
-    assert (
-        "timed out after 0s waiting for node gpu-node-1"
-        in bind_mod.bind(short.scheduler, bind_args(b, "gpu-node-1"))["Error"]
+    assert bind_mod.bind(short.scheduler, bind_args(b, "gpu-node-1"))["Error"] == (
+        "timed out after 300ms waiting for node gpu-node-1 to be unlocked: node lock contention"
     )
 
 
@@ -612,7 +611,22 @@ def test_metrics_use_the_release_names_and_labels() -> None:
     lab = names - {n for n in names if n.startswith("hami_")}
     assert lab == {"gpulab_extender_request_duration_seconds", "gpulab_extender_requests"}
     legacy = ExtenderMetrics(world.scheduler, legacy=True)
-    assert "GPUDeviceMemoryAllocated" in {m.name for m in legacy.registry.collect()}
+    legacy_samples = {
+        (s.name, s.labels.get("deviceuuid")): s
+        for m in legacy.registry.collect()
+        for s in m.samples
+    }
+    # every pre-2.9 family v2.10.0's --legacy-metrics still emits (no MIG pod here)
+    assert {name for name, _ in legacy_samples} - names == {
+        "GPUDeviceMemoryLimit", "GPUDeviceCoreLimit", "GPUDeviceMemoryAllocated",
+        "GPUDeviceSharedNum", "GPUDeviceCoreAllocated", "nodeGPUOverview",
+        "nodeGPUMemoryPercentage", "QuotaUsed", "vGPUMemoryAllocated", "vGPUCoreAllocated",
+    }  # fmt: skip
+    overview = legacy_samples[("nodeGPUOverview", "GPU-gpu-node-1-00")]
+    assert overview.labels["devicememorylimit"] == "40960" and overview.value == 10000 * 2**20
+    pct = legacy_samples[("nodeGPUMemoryPercentage", "GPU-gpu-node-1-00")]
+    assert set(pct.labels) == {"nodeid", "deviceuuid", "deviceidx", "zone"}
+    assert pct.value == pytest.approx(10000 / 40960)
 
 
 def test_webhook_fixtures(serve: Any) -> None:
@@ -731,3 +745,77 @@ def test_async_filter_patch_write_that_never_lands_fails_the_bind_with_a_reason(
     assert answer == {"Error": "Filter's annotations not written within 0.2s"}
     assert world.cluster.bindings == []
     assert all(c.usedmem == 0 for c in world.scheduler.usage()["gpu-node-1"])
+
+
+def test_mig_mode_filter_reserves_a_profile_and_placement_and_the_books_follow() -> None:
+    """On a MIG-mode registration (v2.10.0 dynamic MIG) Filter writes the reservation in
+    hami.io/vgpu-mig-allocations beside the devices; the next pod sees the placement taken;
+    once the device plugin adds the runtime identity the instance shows in the metrics;
+    a finished pod gives the placement back."""
+    world = World()
+    profiles = [
+        {"name": "1g.5gb", "memoryMB": 4864, "core": 15, "sliceCount": 1,
+         "placements": [{"start": s, "size": 1} for s in range(7)]},
+        {"name": "3g.20gb", "memoryMB": 19968, "core": 43, "sliceCount": 3,
+         "placements": [{"start": 0, "size": 4}, {"start": 4, "size": 4}]},
+    ]  # fmt: skip
+    uuid = "GPU-mig-node-00"
+    world.cluster.add_node(
+        {
+            "metadata": {
+                "name": "mig-node",
+                "annotations": {
+                    ann.NODE_REGISTER: json.dumps(
+                        [
+                            {
+                                "id": uuid,
+                                "count": 7,
+                                "devmem": 40960,
+                                "devcore": 100,
+                                "type": "NVIDIA A100-SXM4-40GB",
+                                "mode": "mig",
+                                "migProfiles": profiles,
+                                "health": True,
+                            }
+                        ]
+                    )
+                },
+            },
+            "status": {"allocatable": {"nvidia.com/gpu": "70"}},
+        }
+    )
+    world.scheduler.register()
+    mig = {"nvidia.com/vgpu-mode": "mig"}
+    reservations = []
+    for name, mem in (("small", 3000), ("large", 15000)):
+        pod = world.add_vgpu_pod(name, mem=mem, cores=0, annotations=mig)
+        assert filter_mod.filter(world.scheduler, filter_args(pod, ["mig-node"]))["NodeNames"]
+        annos = world.annotations(name)
+        (reserved,) = json.loads(annos[ann.MIG_ALLOCATIONS])
+        reservations.append(reserved)
+    assert [(r["profile"], r["placement"]) for r in reservations] == [
+        ("1g.5gb", {"start": 6, "size": 1}),
+        ("3g.20gb", {"start": 0, "size": 4}),
+    ]
+    assert world.annotations("large")[ann.DEVICES_ALLOCATED] == f"{uuid},NVIDIA,19968,43:;"
+    # no 3g.20gb placement is left on the GPU
+    third = world.add_vgpu_pod("third", mem=15000, cores=0, annotations=mig)
+    refused = filter_mod.filter(world.scheduler, filter_args(third, ["mig-node"]))
+    assert refused["FailedNodes"] == {"mig-node": "1/1 CardMigTopologyInfeasible"}
+    # the device plugin records the instance it created: the metrics show it
+    runtime = {**reservations[1], "migUUID": "MIG-x", "gpuInstanceID": 2, "computeInstanceID": 0}
+    world.cluster.patch_pod_annotations(
+        "default", "large", {ann.MIG_ALLOCATIONS: json.dumps([runtime])}
+    )
+    (sample,) = [
+        s
+        for m in world.metrics.registry.collect()
+        for s in m.samples
+        if s.name == "hami_node_gpu_mig_instance_info"
+    ]
+    assert sample.labels["mig_uuid"] == "MIG-x" and sample.labels["placement_start"] == "0"
+    # "large" finished: its placement is free for "third"
+    done = world.pod("large")
+    done["status"] = {"phase": "Succeeded"}
+    world.cluster.update_pod(done)
+    assert filter_mod.filter(world.scheduler, filter_args(third, ["mig-node"]))["NodeNames"]

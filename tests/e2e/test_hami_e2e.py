@@ -27,6 +27,7 @@ from demos import hami as demo
 from gpulab.fakegpu.profiles import gpu_uuid
 from gpulab.hami import annotations as ha
 from gpulab.hami.bind import POD_GROUP_LABEL
+from gpulab.hami.device import ALLOCATE_MODE
 from gpulab.hami.score import BINPACK, NODE_POLICY_ANNOTATION, SPREAD
 from gpulab.informer import NODES, PODS, SYNCED, ListWatch, follow
 from gpulab.wait import wait_for
@@ -92,12 +93,20 @@ def test_three_vgpu_pods_share_one_gpu_under_binpack(hami: Cluster, ns: str) -> 
     assert all(d.usedmem == 3000 and d.usedcores == 30 for _, devs in placed for d in devs)
     # the device plugin's Allocate set the hami-core limits for that very card
     pod = demo.read_pod(hami.api, ns, names[0])
-    envs = json.loads(demo.annotations(pod)["gpulab.io/allocate-cuda"])["envs"]
+    record = json.loads(demo.annotations(pod)["gpulab.io/allocate-cuda"])
+    envs = {k: v for k, v in record["envs"].items() if k != "FAKE_GPU_CONFIG"}
     assert envs == {
         "NVIDIA_VISIBLE_DEVICES": card,
         "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
         "CUDA_DEVICE_SM_LIMIT": "30",
     }
+    # kubelet's unit of the card is one of HAMi's IDs <uuid>-<n> (not <uuid>::<n>)
+    (unit,) = record["devices"]["nvidia.com/gpu"]
+    head, _, n = unit.rpartition("-")
+    assert head == card and n.isdigit() and 0 <= int(n) < 10
+    # HAMi's device plugin writes no GFD labels
+    labels = client.CoreV1Api(hami.api).read_node(A100).metadata.labels
+    assert not [k for k in labels if k.startswith("nvidia.com/gpu.")], labels
     # every slot erased (the empty tail slot is kept at each round, as upstream)
     assert demo.annotations(pod)[ha.DEVICES_TO_ALLOCATE] == ";;"
 
@@ -111,6 +120,18 @@ def test_three_vgpu_pods_land_on_different_gpus_under_spread(hami: Cluster, ns: 
     assert cards == [(A100, gpu_uuid(A100, i)) for i in (4, 5, 6)], cards
 
 
+def test_a_pod_asking_for_nvidia_com_priority_schedules(hami: Cluster, ns: str) -> None:
+    """No node advertises nvidia.com/priority: kube-scheduler leaves it to the extender
+    (managedResources, ignoredByScheduler, as the chart), else the pod stays Pending."""
+    pod = demo.vgpu_pod("prio", 2000, 20)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/priority"] = "1"
+    create(hami.api, ns, pod)
+    placed = demo.wait_allocated(hami.api, ns, "prio")
+    assert placed["spec"]["nodeName"]
+    env = {e["name"]: e.get("value") for e in placed["spec"]["containers"][0]["env"]}
+    assert env["CUDA_TASK_PRIORITY"] == "1"  # the webhook's, for HAMi-core
+
+
 def test_pod_that_fits_no_gpu_stays_pending_with_the_extenders_reason(
     hami: Cluster, ns: str
 ) -> None:
@@ -118,9 +139,10 @@ def test_pod_that_fits_no_gpu_stays_pending_with_the_extenders_reason(
     message = wait_for(
         lambda: demo.failed_scheduling(hami.api, ns, "too-big"), 60, "FailedScheduling"
     )
-    # kube-scheduler reports the extender's FailedNodes reasons, per node
+    # kube-scheduler reports the extender's FailedNodes reasons, per node (the MIG node's
+    # cards are as short of memory as the others)
     assert (
-        "0/3 nodes are available: 1 8/8 CardInsufficientMemory, 2 4/4 CardInsufficientMemory"
+        "0/4 nodes are available: 2 4/4 CardInsufficientMemory, 2 8/8 CardInsufficientMemory"
         in message
     )
     pod = demo.read_pod(hami.api, ns, "too-big")
@@ -145,6 +167,7 @@ def test_fifty_concurrent_vgpu_pods_never_overbook_a_gpu(hami: Cluster, ns: str)
             f"c-{i}", rng.randrange(1000, 6000, 500), rng.randrange(5, 30, 5), BINPACK
         )
         pod["metadata"]["annotations"][NODE_POLICY_ANNOTATION] = SPREAD
+        pod["metadata"]["annotations"][ALLOCATE_MODE] = ha.MODE_HAMI_CORE  # not the MIG node
         if i % 5:
             pod["metadata"].setdefault("labels", {})[POD_GROUP_LABEL] = "fifty"
         pods.append(pod)
@@ -175,6 +198,7 @@ def test_extender_restart_mid_run_loses_no_allocation(hami: Cluster, ns: str) ->
     second = [demo.vgpu_pod(f"b-{i}", 2000, 50, BINPACK) for i in range(12)]
     for pod in first + second:  # three node locks in play, not one (see the test above)
         pod["metadata"]["annotations"][NODE_POLICY_ANNOTATION] = SPREAD
+        pod["metadata"]["annotations"][ALLOCATE_MODE] = ha.MODE_HAMI_CORE  # not the MIG node
     for pod in second:  # created while the webhook may be down (failurePolicy Ignore)
         pod["spec"]["schedulerName"] = "hami-scheduler"
     create_concurrently(hami.api, ns, first)

@@ -29,7 +29,6 @@ def _run(tmp_path: Path, *args: str) -> int:
         ),
         (["--shared-devices-allocation-policy", "x"], "invalid --shared-devices-allocation-policy"),
         (["--hami"], "--hami reads and writes HAMi's annotations: pass --kubeconfig"),
-        (["--hami-split-count", "0"], "--hami-split-count must be >= 1"),
     ],
 )
 def test_device_plugin_rejects_bad_flags(args, message, tmp_path: Path, capsys) -> None:
@@ -37,6 +36,21 @@ def test_device_plugin_rejects_bad_flags(args, message, tmp_path: Path, capsys) 
     err = capsys.readouterr().err.strip()
     assert err.startswith("gpulab: error: ") and message in err
     assert "\n" not in err
+
+
+def test_a_bad_hami_node_config_fails_before_nvml(tmp_path: Path, capsys) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: "
+        "'https://127.0.0.1:1'}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "current-context: c\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    bad = tmp_path / "config.json"
+    bad.write_text('{"nodeconfig": [{"name": "n1", "operatingmode": "mps"}]}')
+    args = ("--hami", "--kubeconfig", str(kubeconfig), "--node-config-file", str(bad))
+    assert _run(tmp_path, *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{bad}: node n1: operatingmode 'mps' is not simulated" in err
 
 
 def test_a_bad_config_file_fails_before_nvml(tmp_path: Path, capsys) -> None:

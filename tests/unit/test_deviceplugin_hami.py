@@ -3,23 +3,36 @@ pure Allocate helpers (gpulab.deviceplugin.hami), against HAMi v2.10.0."""
 
 from __future__ import annotations
 
+import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpulab.deviceplugin.allocate import AllocationError
+from gpulab.deviceplugin.config import Config
 from gpulab.deviceplugin.hami import (
     HamiRegistrar,
-    align_replicas,
+    NodeConfig,
+    align_devices,
     hami_allocation,
+    node_config,
     node_devices,
     pair_scores,
+    physical_device_id,
+    plugin_devices,
+    plugin_resource,
     pop_next,
+    select_preferred,
     waiting_pod,
 )
-from gpulab.deviceplugin.rm import Device, GPUInfo
+from gpulab.deviceplugin.health import NO_INSTANCE, affected, xid_filter
+from gpulab.deviceplugin.rm import GPUInfo, build_resources
+from gpulab.deviceplugin.server import DefaultAllocator, NvidiaDevicePlugin
+from gpulab.fakegpu import inventory, profiles
 from gpulab.hami import annotations as ha
+from gpulab.hami.config import ConfigError, NvidiaConfig
 from gpulab.hami.fake import FakeCluster
 from gpulab.trace import Tracer
 
@@ -140,15 +153,105 @@ def test_hami_allocation_envs() -> None:
         hami_allocation(ha.decode_container_devices("GPU-z,NVIDIA,1,1:"), {})
 
 
-def test_preferred_replicas_follow_hamis_assignment() -> None:
-    devices = {
-        f"{u}::{n}": Device(f"{u}::{n}", u, g, (), 0, n)
-        for g, u in enumerate(("GPU-a", "GPU-b"))
-        for n in range(2)
-    }
-    ctr = ha.decode_container_devices("GPU-b,NVIDIA,1,1:GPU-a,NVIDIA,1,1:")
-    assert align_replicas(ctr, ["GPU-a::1", "GPU-b::0", "GPU-b::1"], devices) == [
-        "GPU-b::0",
-        "GPU-a::1",
+UUID_A = "GPU-1b4d6d4c-8a5e-5e0c-9f3d-2c1a0b9e8f7d"  # a GPU UUID: 5 dashes
+UUID_B = "GPU-7f0e1d2c-3b4a-5968-8776-655443322110"
+UUID_C = "GPU-00000000-1111-2222-3333-444444444444"
+
+
+def test_hami_ids_are_uuid_dash_n_and_carry_no_numa_unless_enabled() -> None:
+    """GetPluginDevices: <uuid>-<n>, not NVIDIA's time-slicing <uuid>::<n>, and the NUMA
+    node only with enableNumaTopology (off by default in v2.10.0)."""
+    gpus = inventory.gpu_infos(profiles.load("a100-sxm4-40gb-x8"), "n1")
+    resource = plugin_resource(gpus, NodeConfig())
+    assert resource.name == "nvidia.com/gpu" and len(resource.devices) == 8 * 10
+    first = resource.devices[0]
+    assert first.id == f"{gpus[0].uuid}-0" and resource.devices[9].id == f"{gpus[0].uuid}-9"
+    assert "::" not in first.id and first.uuid == gpus[0].uuid
+    assert {d.numa_node for d in resource.devices} == {None}
+    numa = plugin_devices(gpus, 2, numa_topology=True)
+    assert [d.numa_node for d in numa[::2]] == [g.numa_node for g in gpus] == [0] * 4 + [1] * 4
+    # what NVIDIA's time-slicing would have advertised instead
+    (shared,) = build_resources(gpus, Config())
+    assert {d.id for d in shared.devices}.isdisjoint(d.id for d in resource.devices)
+
+
+def test_node_config_overrides_the_device_config_for_this_node_only() -> None:
+    device = NvidiaConfig(device_split_count=10, enable_numa_topology=False)
+    text = json.dumps(
+        {
+            "nodeconfig": [
+                {"name": "other", "operatingmode": "mig", "devicesplitcount": 2},
+                {"name": "n1", "devicesplitcount": 4, "enablenumatopology": True,
+                 "enablegetpreferredallocation": True, "operatingmode": ""},
+            ]
+        }
+    )  # fmt: skip
+    assert node_config(device, text, "n1", "cfg") == NodeConfig(
+        operating_mode="hami-core",  # "" is not a value: mergo keeps the default
+        device_split_count=4,
+        enable_numa_topology=True,
+        enable_get_preferred_allocation=True,
+    )
+    assert node_config(device, text, "other", "cfg").operating_mode == "mig"
+    assert node_config(device, "{}", "n1", "cfg") == NodeConfig()
+    for bad, message in (("[", "not a JSON object"), ('{"nodeconfig": [{"name": "n1", '
+                         '"operatingmode": "mps"}]}', "'mps' is not simulated")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            node_config(device, bad, "n1", "cfg")
+
+
+def test_physical_device_id_as_upstream() -> None:
+    assert physical_device_id(f"{UUID_A}-7") == UUID_A
+    assert physical_device_id(f"{UUID_A}::3") == UUID_A
+    assert physical_device_id(UUID_A) == UUID_A  # 5 dashes: a GPU already
+    assert physical_device_id("MIG-1-2-3-4-5-x") == "MIG-1-2-3-4-5-x"  # not a number
+
+
+def test_preferred_ids_follow_hamis_assignment_with_must_include_counted() -> None:
+    desired = ha.decode_container_devices(f"{UUID_B},NVIDIA,1,1:{UUID_A},NVIDIA,1,1:")
+    available = [f"{UUID_A}-1", f"{UUID_B}-0", f"{UUID_B}-1"]
+    assert select_preferred(available, [], desired, 2) == [f"{UUID_B}-0", f"{UUID_A}-1"]
+    # kubelet must include B-1: it stands for HAMi's B share, so only A is added
+    assert select_preferred(available, [f"{UUID_B}-1"], desired, 2) == [
+        f"{UUID_B}-1",
+        f"{UUID_A}-1",
     ]
-    assert align_replicas(ctr, ["GPU-b::0", "GPU-b::1"], devices) is None
+    with pytest.raises(
+        AllocationError, match=f"no available slice device found for annotated GPU {UUID_A}"
+    ):
+        select_preferred(available[1:], [], desired, 2)
+    with pytest.raises(
+        AllocationError, match="annotated devices 2 smaller than requested allocation size 3"
+    ):
+        select_preferred(available, [], desired, 3)
+    # a must-include ID of a GPU HAMi did not assign leaves one too many
+    with pytest.raises(AllocationError, match="selected 3 devices, want 2"):
+        select_preferred(available, [f"{UUID_C}-0"], desired, 2)
+
+
+def test_enablegetpreferredallocation_aligns_the_shares_with_kubelets_ids() -> None:
+    ctr = ha.decode_container_devices(f"{UUID_A},NVIDIA,3000,30:")
+    (aligned,) = align_devices(ctr, [f"{UUID_B}-4"])
+    assert (aligned.uuid, aligned.usedmem, aligned.usedcores) == (UUID_B, 3000, 30)
+    with pytest.raises(AllocationError, match="device number not matched"):
+        align_devices(ctr, [])
+
+
+def test_an_xid_takes_every_id_of_the_gpu_out_in_hami_mode() -> None:
+    """HAMi's ListAndWatch marks the rm device (the GPU) and advertises its health on each
+    of its <uuid>-<n> IDs: the GPU's 10 shares go, not one (NVIDIA's health.go alone would
+    mark the one device it keeps per GPU)."""
+    gpus = inventory.gpu_infos(profiles.load("t4-x4"), "n1")
+    resource = plugin_resource(gpus, NodeConfig())
+    plugin = NvidiaDevicePlugin(
+        resource, gpus, Config(), Path("/nonexistent"), Tracer("device-plugin", None,
+        stream=io.StringIO()), "n1", xid_filter({}), DefaultAllocator(Config(), gpus, bool),
+        health_by_gpu=True,
+    )  # fmt: skip
+    hit = affected(resource.devices, gpus[1], NO_INSTANCE, NO_INSTANCE)
+    assert len(hit) == 1  # what health.go hands over: one device per GPU
+    plugin.mark_unhealthy(hit, "XidCriticalError: Xid=79")
+    listed = plugin._device_list(plugin._health)
+    down = {d.ID for d in listed if d.health == "Unhealthy"}
+    assert down == {f"{gpus[1].uuid}-{n}" for n in range(10)}
+    assert not plugin.healthy(gpus[1].uuid) and plugin.healthy(gpus[0].uuid)

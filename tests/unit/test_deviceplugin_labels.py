@@ -82,7 +82,13 @@ def test_no_gpus_no_labels_and_helpers() -> None:
 
 
 def test_mixed_products_are_labelled_after_the_most_common() -> None:
-    labels = gfd_labels(gpus("mixed"), Config())
+    mixed = gpus("mixed")  # GPUs 0-1 A100-SXM4-40GB, 2-3 T4
+    labels = gfd_labels(mixed, Config())
     # 2x A100 + 2x T4: a tie, the first-listed product wins; the count is its own
-    assert labels["nvidia.com/gpu.product"] in ("NVIDIA-A100-SXM4-40GB", "Tesla-T4")
-    assert labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.memory"]) == ("2", "40960")
+    # one A100 and both T4s: the T4s outnumber it, whatever the order
+    for subset in (mixed[1:], mixed[:1] + mixed[2:]):
+        labels = gfd_labels(subset, Config())
+        assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+        assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.family"]) == ("2", "turing")

@@ -45,6 +45,22 @@ def test_the_scheduler_calls_the_extender_in_its_own_pod() -> None:
     assert rewrite_addresses("--http_bind=0.0.0.0:9443", pod_ip) == f"--http_bind={pod_ip}:9443"
 
 
+def test_every_hami_resource_is_managed_by_the_extender_and_ignored_by_kube_scheduler() -> None:
+    """The chart's managedResources (NVIDIA entries, in its order): each resource name the
+    device config gives, nvidia.com/priority included, ignored by kube-scheduler's own fit
+    check, since no node advertises it (else a priority pod stays Pending)."""
+    config = yaml.safe_load(_doc("scheduler-config.yaml", "ConfigMap")["data"]["config.yaml"])
+    (extender,) = config["extenders"]
+    device = yaml.safe_load(
+        _doc("device-configmap.yaml", "ConfigMap")["data"]["device-config.yaml"]
+    )
+    keys = ("resourceCountName", "resourceMemoryName", "resourceCoreName",
+            "resourceMemoryPercentageName", "resourcePriorityName")  # fmt: skip
+    names = [device["nvidia"][k] for k in keys]
+    assert names[-1] == "nvidia.com/priority"
+    assert extender["managedResources"] == [{"name": n, "ignoredByScheduler": True} for n in names]
+
+
 def test_hami_specs_run_beside_the_other_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(PORT_OFFSET_ENV, raising=False)  # the specs' own ports
     used = {p for name in ("default", "e2e") for p in load(name).ports.values()}

@@ -52,8 +52,10 @@ def test_second_pod_meets_contention_and_the_holder_counts_as_locked() -> None:
     fc = cluster(pods=("p1", "p2"))
     take(fc, "p1")
     assert lock_of(fc) == "2026-11-29T09:00:00Z,default,p1"
-    with pytest.raises(nodelock.NodeLockContention, match="locked by default/p1"):
+    with pytest.raises(nodelock.NodeLockContention) as contention:
         take(fc, "p2", NOW + dt.timedelta(seconds=1))
+    # upstream's text, word for word: learners read it in the BindingFailed Event
+    assert str(contention.value) == "node n1 has been locked within 5m0s: node lock contention"
     take(fc, "p1", NOW + dt.timedelta(seconds=2))  # this pod holds it already: taken
     assert not nodelock.release_node_lock(fc, "n1", "default", "p2")  # not the owner
     assert nodelock.release_node_lock(fc, "n1", "default", "p1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpulab.hami import score
-from gpulab.hami.annotations import ContainerDevice
+from gpulab.hami.annotations import ContainerDevice, MigProfile
 from gpulab.hami.config import NvidiaConfig
 from gpulab.hami.device import CardFilter, ContainerRequest, RequestError, container_request
 from gpulab.hami.pods import Share, app_only_usage, collapse_init_usage
@@ -281,3 +281,65 @@ def test_requests_follow_generate_resource_requests() -> None:
         container_request({"resources": {"limits": {"nvidia.com/gpu": "lots"}}}, cfg)
     with pytest.raises(RequestError):
         container_request({"resources": {"limits": ["nvidia.com/gpu"]}}, cfg)
+
+
+# ------------------------------------------------------------ MIG mode
+
+A100_MIG = (  # what the device plugin discovers on an A100-40GB for the chart's allowlist
+    MigProfile("1g.5gb", 4864, 15, 1, tuple((s, 1) for s in range(7))),
+    MigProfile("2g.10gb", 9856, 29, 2, ((0, 2), (2, 2), (4, 2))),
+    MigProfile("3g.20gb", 19968, 43, 3, ((0, 4), (4, 4))),
+    MigProfile("7g.40gb", 40192, 100, 7, ((0, 8),)),
+)
+
+
+def mig_card(i: int, **kw: object) -> CardUsage:
+    return card(i, mode="mig", count=7, mig_profiles=A100_MIG, **kw)
+
+
+def test_the_smallest_profile_that_holds_the_memory_and_1g_3g_placed_from_the_top() -> None:
+    """selectMigCandidate + orderedMigPlacements: 3000 MiB is a 1g.5gb at the highest start;
+    then 15000 MiB a 3g.20gb, whose high start (4) overlaps it, so at 0."""
+    one_g = score.select_mig_candidate(A100_MIG, [], 3000)
+    assert one_g is not None and (one_g[0].name, one_g[1]) == ("1g.5gb", (6, 1))
+    three_g = score.select_mig_candidate(A100_MIG, [(6, 1)], 15000)
+    assert three_g is not None and (three_g[0].name, three_g[1]) == ("3g.20gb", (0, 4))
+    two_g = score.select_mig_candidate(A100_MIG, [], 6000)  # 2g from the lowest start up
+    assert two_g is not None and (two_g[0].name, two_g[1]) == ("2g.10gb", (0, 2))
+    assert score.select_mig_candidate(A100_MIG, [(0, 4), (4, 4)], 1000) is None
+    assert score.select_mig_candidate(A100_MIG, [], 50000) is None
+
+
+def test_a_mig_share_is_charged_its_profile_and_reserves_a_placement() -> None:
+    cards = [mig_card(0)]
+    first = fit(cards, req(mem=3000), opts=opts())
+    (share,) = first.devices[0]
+    assert (share.usedmem, share.usedcores, share.mig) == (4864, 15, ("1g.5gb", 6, 1))
+    cards[0].mig_in_use.append((6, 1))  # the node's books after Filter charged the pod
+    cards[0].used, cards[0].usedmem, cards[0].usedcores = 1, 4864, 15
+    (second,) = fit(cards, req(mem=15000), opts=opts()).devices[0]
+    assert second.mig == ("3g.20gb", 0, 4) and second.usedmem == 19968
+    cards[0].mig_in_use.append((0, 4))
+    # another 3g.20gb has no free placement left: the MIG reason, not a memory one
+    refused = fit(cards, req(mem=15000), opts=opts())
+    assert not refused.fit and refused.reason == "1/1 CardMigTopologyInfeasible"
+
+
+def test_one_container_may_take_several_instances_of_one_mig_gpu() -> None:
+    """Fit tries a MIG-mode card again for the container's next share, and a MIG request
+    is not refused for asking more GPUs than the node has (isMIGRequest)."""
+    got = fit([mig_card(0)], req(nums=2, mem=15000), opts=opts())
+    assert [(g.uuid, g.mig) for g in got.devices[0]] == [
+        ("GPU-0", ("3g.20gb", 4, 4)),
+        ("GPU-0", ("3g.20gb", 0, 4)),
+    ]
+    hami_core = fit([card(0)], req(nums=2), opts=opts())
+    assert hami_core.reason == score.NODE_INSUFFICIENT_DEVICE
+
+
+def test_vgpu_mode_keeps_hami_core_pods_off_mig_gpus_and_mig_pods_off_the_rest() -> None:
+    cards = [card(0), mig_card(1)]
+    core = fit(cards, req(mem=3000), opts=opts(**{"nvidia.com/vgpu-mode": "hami-core"}))
+    mig = fit(cards, req(mem=3000), opts=opts(**{"nvidia.com/vgpu-mode": "mig"}))
+    assert grants(core) == [["GPU-0"]] and core.devices[0][0].mig is None
+    assert grants(mig) == [["GPU-1"]] and mig.devices[0][0].mig == ("1g.5gb", 6, 1)

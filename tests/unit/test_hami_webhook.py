@@ -7,10 +7,14 @@ import base64
 import json
 from typing import Any
 
+import yaml
+
 from gpulab.hami.config import NvidiaConfig
 from gpulab.hami.webhook import WebhookConfig, decide, review
+from harness.apply import MANIFESTS
 
 CFG = WebhookConfig(scheduler_name="hami-scheduler")
+V1BETA1 = "admission.k8s.io/v1beta1"
 
 
 def pod(
@@ -146,9 +150,9 @@ def test_resource_quota_counts_app_sum_against_init_peak() -> None:
     assert not d.allowed and d.message == "exceeding resource quota"
 
 
-def _review(p: Any, uid: str = "u1") -> dict[str, Any]:
+def _review(p: Any, uid: str = "u1", version: str = "admission.k8s.io/v1") -> dict[str, Any]:
     return {
-        "apiVersion": "admission.k8s.io/v1",
+        "apiVersion": version,
         "kind": "AdmissionReview",
         "request": {"uid": uid, "kind": {"kind": "Pod"}, "operation": "CREATE", "object": p},
     }
@@ -168,6 +172,25 @@ def test_review_envelope_as_controller_runtime_writes_it() -> None:
         "reason": "Forbidden",
         "message": "container main is privileged",
     }
+
+
+def test_a_v1beta1_review_is_answered_in_v1beta1() -> None:
+    """The chart's webhook lists only v1beta1, so the API server sends v1beta1 reviews;
+    controller-runtime answers each in the version it came in."""
+    answer, decision = review(_review(pod({"nvidia.com/gpu": "1"}), version=V1BETA1), CFG)
+    assert answer["apiVersion"] == V1BETA1 and answer["response"]["uid"] == "u1"
+    assert decision.allowed and decision.gpu
+
+
+def test_the_webhook_manifest_keeps_the_charts_defaults() -> None:
+    """charts/hami/templates/scheduler/webhook.yaml with the v2.10.0 values: v1beta1
+    reviews, and only the hami.io/webhook=ignore label excludes a namespace or a pod."""
+    (hook,) = yaml.safe_load((MANIFESTS / "hami" / "webhook.yaml").read_text())["webhooks"]
+    assert hook["admissionReviewVersions"] == ["v1beta1"]
+    ignore = [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]
+    assert hook["namespaceSelector"] == {"matchExpressions": ignore}
+    assert hook["objectSelector"] == {"matchExpressions": ignore}
+    assert (hook["failurePolicy"], hook["reinvocationPolicy"]) == ("Ignore", "Never")
 
 
 def test_undecodable_reviews_are_errored_400_never_an_http_error() -> None:
