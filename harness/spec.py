@@ -50,7 +50,8 @@ SPEC_DIR = Path(__file__).resolve().parent / "clusters"
 # 11xxx scheduling, 12xxx scheduling-e2e, 13xxx volcano, 14xxx volcano-e2e, 15xxx
 # kueue-hami-e2e, 16xxx dashboard-e2e, 17xxx dashboard bench, 18xxx gpu-operator, 19xxx
 # gpu-operator-e2e, 20xxx kueue bench, 10xxx hami bench, 30xxx labs (and labs-mig, its own
-# ports in the block), 31xxx volcano bench, 9xxx kind-e2e (kind picks its own ports).
+# ports in the block), 31xxx volcano bench, 9xxx kind-e2e, 5xxx kind-gpu-operator-e2e
+# (kind picks its own ports).
 DEFAULT_PORTS = {
     "apiserver": 21443,
     "etcd": 21379,

@@ -39,7 +39,17 @@ def kind() -> Iterator[Cluster]:
 
 @pytest.fixture
 def ns(kind: Cluster) -> Iterator[str]:
+    """A namespace HAMi's webhook leaves alone (its chart's `hami.io/webhook=ignore`): on
+    this cluster HAMi serves gpu-t4 only, and would take every nvidia.com/gpu pod."""
     with fresh_namespace(kind.api, "kind") as name:
+        body = {"metadata": {"labels": {"hami.io/webhook": "ignore"}}}
+        client.CoreV1Api(kind.api).patch_namespace(name, body)
+        yield name
+
+
+@pytest.fixture
+def hami_ns(kind: Cluster) -> Iterator[str]:
+    with fresh_namespace(kind.api, "kind-hami") as name:
         yield name
 
 
@@ -144,7 +154,9 @@ def test_an_xid_takes_a_gpu_out_of_the_real_kubelets_allocatable(kind: Cluster) 
 # ------------------------------------------------------------------ the other chapters
 
 
-def test_hami_places_a_vgpu_pod_and_its_container_gets_the_limits(kind: Cluster, ns: str) -> None:
+def test_hami_places_a_vgpu_pod_and_its_container_gets_the_limits(
+    kind: Cluster, hami_ns: str
+) -> None:
     """webhook → hami-scheduler (the stock kube-scheduler) → /filter, /bind → HAMi's device
     plugin's Allocate through the real kubelet: the container gets one T4 and its share."""
     from demos import hami as demo
@@ -152,21 +164,21 @@ def test_hami_places_a_vgpu_pod_and_its_container_gets_the_limits(kind: Cluster,
 
     kind.backend.ensure_addon("hami", print)
     api = kind.api
-    client.CoreV1Api(api).create_namespaced_pod(ns, demo.vgpu_pod("vgpu", 3000, 30))
+    client.CoreV1Api(api).create_namespaced_pod(hami_ns, demo.vgpu_pod("vgpu", 3000, 30))
 
     def allocated() -> dict | None:
-        pod = demo.read_pod(api, ns, "vgpu")
+        pod = demo.read_pod(api, hami_ns, "vgpu")
         return pod if demo.allocated(pod) else None
 
     pod = wait_for(allocated, 120, "the vGPU pod to be bound and allocated")
     assert pod["spec"]["schedulerName"] == "hami-scheduler"  # the webhook set it
     node, devices = demo.placement(pod)
     assert node == T4
-    ((card,),) = devices
+    (card,) = devices
     assert card.usedmem == 3000 and card.usedcores == 30
     core = client.CoreV1Api(api)
-    wait_for(lambda: _running(core, ns, "vgpu"), 120, "the vGPU pod to run")
-    envs = kind.backend.allocation(ns, "vgpu", "cuda")
+    wait_for(lambda: _running(core, hami_ns, "vgpu"), 120, "the vGPU pod to run")
+    envs = kind.backend.allocation(hami_ns, "vgpu", "cuda")
     assert envs is not None
     assert envs["NVIDIA_VISIBLE_DEVICES"] == card.uuid
     assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
@@ -208,6 +220,7 @@ def test_volcano_binds_a_gang_whole(kind: Cluster, ns: str) -> None:
     """A vcjob of 3 one-GPU tasks, minAvailable 3: one session binds all three; kubelet runs
     them."""
     from gpulab.volcano import objects as vo
+    from gpulab.volcano.apis import BATCH_GROUP, BATCH_VERSION
     from gpulab.volcano.client import VolcanoClient
 
     kind.backend.ensure_addon("volcano", print)
@@ -222,6 +235,10 @@ def test_volcano_binds_a_gang_whole(kind: Cluster, ns: str) -> None:
         pods = core.list_namespaced_pod(ns).items
         return sum(p.status.phase == "Running" and p.spec.node_name == A100 for p in pods)
 
-    wait_for(lambda: running() == 3, 180, "the gang's three pods to run")
-    pods = core.list_namespaced_pod(ns).items
-    assert {p.spec.scheduler_name for p in pods} == {"volcano"}
+    try:
+        wait_for(lambda: running() == 3, 180, "the gang's three pods to run")
+        pods = core.list_namespaced_pod(ns).items
+        assert {p.spec.scheduler_name for p in pods} == {"volcano"}
+        assert vc.job_phase(ns, "gang") == "Running"
+    finally:  # the job controller would recreate the pods the namespace's cleanup deletes
+        vc.custom.delete_namespaced_custom_object(BATCH_GROUP, BATCH_VERSION, ns, "jobs", "gang")
