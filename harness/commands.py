@@ -109,10 +109,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.test_peers:
         binaries.build_test_peers(progress, force=args.force)
     if args.images:
+        from harness.engine import release
         from harness.images import ensure_images
 
         built = ensure_images(progress, offline=True if args.offline else None)
         progress(f"kind node image {built.node}; loaded into each node: {', '.join(built.load)}")
+        release(progress, "build")  # the engine stays up only while a kind cluster uses it
     elif args.offline:
         raise HarnessError("--offline goes with --images")
     return 0

@@ -389,7 +389,7 @@ class DockerCluster(ClusterAPI):
         if self.tool == "kind":
             from harness import images
 
-            built = images.ensure_images(progress)
+            built = images.ensure_images(progress, user=self.spec.name)
             self.check_tools()
             self._remove_stale(progress)
             self.write_config(built.node)
@@ -526,9 +526,9 @@ class DockerCluster(ClusterAPI):
             self.run(argv)
         self.kubeconfig.unlink(missing_ok=True)
         if self.tool == "kind":
-            from harness.engine import stop_if_idle
+            from harness.engine import release
 
-            stop_if_idle(progress)
+            release(progress, self.spec.name)
 
     def running(self) -> bool:
         """The cluster's control plane runs (a kubeconfig alone may outlive the engine)."""

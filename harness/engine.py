@@ -12,12 +12,16 @@ CI), the lab installs Debian's ``docker.io`` the way ``make`` installs chromium 
   kind needs - fails in runc with "unable to apply caps". Only there, the dockerd gets a
   default runtime ``gpulab-runc`` (``harness/runc-capfilter``) that drops exactly the
   missing capabilities from each container's OCI spec and then execs runc, and says so;
-- ``gpulab down`` stops the dockerd it started once no lab kind cluster runs on it
-  (:func:`stop_if_idle`).
+- ``gpulab down`` stops the dockerd it started once no lab kind cluster runs on it and
+  no other `up` is using it (:func:`release`: each user holds a lease file while it
+  builds or runs a cluster; starting and stopping happen under one lock, so two test
+  workers or terminals never start two dockerds or stop one under the other).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.machinery
 import importlib.util
 import os
@@ -25,7 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpulab.state import cache_dir, state_root
@@ -90,10 +94,29 @@ def started_by_lab() -> int | None:
     return pid
 
 
-def ensure_engine(progress: Progress) -> None:
-    """A Docker engine that answers: the one there, else one the lab installs and starts."""
-    if _answers():
-        return
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    engine_dir().mkdir(parents=True, exist_ok=True)
+    with (engine_dir() / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _lease(user: str) -> Path:
+    return engine_dir() / "users" / user
+
+
+def ensure_engine(progress: Progress, user: str) -> None:
+    """A Docker engine that answers: the one there, else one the lab installs and starts.
+    ``user`` (a cluster's name) holds a lease on it until :func:`release`."""
+    with _locked():
+        _lease(user).parent.mkdir(parents=True, exist_ok=True)
+        _lease(user).touch()
+        if not _answers():
+            _start(progress)
+
+
+def _start(progress: Progress) -> None:
     if os.geteuid() != 0:
         raise HarnessError(
             "no Docker engine answers; start Docker (or run as root on Debian/Ubuntu and "
@@ -186,8 +209,18 @@ def start_dockerd(progress: Progress, timeout: float = 60) -> None:
     progress(f"dockerd is up (pid {proc.pid})")
 
 
-def stop_if_idle(progress: Progress) -> None:
-    """Stop the dockerd the lab started once no container of a kind cluster is left."""
+def release(progress: Progress, user: str) -> None:
+    """Give up ``user``'s lease; stop the dockerd the lab started once no lease is held and
+    no container of a kind cluster is left."""
+    with _locked():
+        _lease(user).unlink(missing_ok=True)
+        users = _lease(user).parent
+        if users.is_dir() and any(users.iterdir()):
+            return
+        _stop_if_idle(progress)
+
+
+def _stop_if_idle(progress: Progress) -> None:
     pid = started_by_lab()
     if pid is None:
         return

@@ -25,6 +25,7 @@ user's cache (harness/engine.py), so the images survive like the binaries do.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -339,7 +340,7 @@ def build_node(client: docker.DockerClient, preload: list[str], progress: Progre
         entrypoint=["sleep"],
         command=["infinity"],
         detach=True,
-        name=f"kind-build-{int(time.time())}",
+        name=f"kind-build-{int(time.time())}-{os.getpid()}",
         security_opt=["seccomp=unconfined"],
     )
     try:
@@ -504,20 +505,26 @@ class KindImages:
     load: list[str]  # images `kind load docker-image` puts into the nodes after create
 
 
-def ensure_images(progress: Progress, offline: bool | None = None) -> KindImages:
+def ensure_images(
+    progress: Progress, offline: bool | None = None, user: str = "build"
+) -> KindImages:
     """Every image a kind cluster of the lab needs, in the engine, and kind's binary.
 
     ``offline`` None: pull the pinned official images where a registry answers, else build;
-    True: build everything here (``gpulab build --images --offline``).
+    True: build everything here (``gpulab build --images --offline``). ``user`` holds a
+    lease on the engine (harness/engine.py); one image build runs at a time (a lock).
     """
     from harness.docker import engine as docker_engine
 
-    engine.ensure_engine(progress)
+    engine.ensure_engine(progress, user)
     client = docker_engine(timeout=BUILD_TIMEOUT)
-    try:
-        return _ensure_images(client, progress, offline)
-    except (DockerException, RequestException) as exc:
-        raise HarnessError(f"building the kind images failed: {exc}") from None
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with (cache_dir() / "images.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _ensure_images(client, progress, offline)
+        except (DockerException, RequestException) as exc:
+            raise HarnessError(f"building the kind images failed: {exc}") from None
 
 
 def _ensure_images(

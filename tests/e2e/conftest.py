@@ -53,6 +53,8 @@ SESSION_CLUSTER_FIXTURES = {"cluster": "e2e", "scheduling_e2e": "scheduling-e2e"
 # Seconds each unit took in one serial run (pytest --durations=0, 2026-12-01), only to
 # start the longest first so that both workers finish at about the same time.
 SECONDS = {
+    "test_kind.py": 600,  # measured 2026-12-02 under load: a kind cluster and 5 chapters
+    "test_kind_gpu_operator.py": 475,
     "test_labs.py": 244,
     "e2e": 195,
     "test_hami_e2e.py": 173,

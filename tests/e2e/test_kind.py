@@ -13,8 +13,10 @@ import json
 import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 from conftest import Cluster, fresh_namespace, running_cluster
 from kubernetes import client
 
@@ -149,6 +151,40 @@ def test_an_xid_takes_a_gpu_out_of_the_real_kubelets_allocatable(kind: Cluster) 
     kind.backend.clear_faults(A100)
     kind.backend.restart(COMPONENT, A100)
     wait_for(lambda: _allocatable(kind, A100) == gpus, 90, "all GPUs back after a restart")
+
+
+def test_the_external_backend_deploys_onto_the_kind_cluster_and_removes_it_again(
+    kind: Cluster, tmp_path: Path
+) -> None:
+    """`gpulab up --backend external --kubeconfig` against this kind cluster (real kubelets):
+    Kueue's chapter deployed and running in containerd, the device plugin the cluster runs
+    left alone, and `down` removing exactly what `up` created."""
+    from harness.external import ExternalCluster
+    from harness.spec import load
+
+    path = tmp_path / "guest.yaml"
+    guest = {"name": "gpulab-kind-guest", "addons": ["device-plugin", "kueue"], "nodes": []}
+    path.write_text(yaml.safe_dump(guest))
+    ext = ExternalCluster(load(path), kind.kubeconfig)
+    said: list[str] = []
+    try:
+        ext.up(said.append)
+        created = {(r.kind, r.name) for r in ext.created()}
+        assert ("Deployment", "kueue-controller-manager") in created
+        assert not any(name == "gpulab-device-plugin" for _, name in created)
+        assert any(line.startswith("device-plugin: ") for line in said), said
+        pods = client.CoreV1Api(kind.api).list_namespaced_pod("kueue-system").items
+        assert any(
+            (s.container_id or "").startswith("containerd://") and s.ready
+            for p in pods
+            for s in p.status.container_statuses or []
+        )
+    finally:
+        ext.down(said.append)
+    assert not ext.created()
+    apps = client.AppsV1Api(kind.api)
+    assert not apps.list_namespaced_deployment("kueue-system").items
+    assert apps.read_namespaced_daemon_set(COMPONENT, SYSTEM_NAMESPACE)  # untouched
 
 
 # ------------------------------------------------------------------ the other chapters

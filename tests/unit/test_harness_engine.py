@@ -123,3 +123,29 @@ def test_the_wrapper_strips_exactly_the_missing_capabilities(
     wrapper.strip(str(config), is_process_spec=False)
     kept = json.loads(config.read_text())["process"]["capabilities"]
     assert kept == spec_caps(["CAP_CHOWN", "CAP_SYS_ADMIN"])
+
+
+def test_the_engine_is_stopped_only_when_its_last_user_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two kind clusters (two test workers) share the lab's dockerd: the first `down` must
+    not stop it under the second; the last one does."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    started: list[str] = []
+    stopped: list[str] = []
+    answers = {"up": False}
+
+    def start(progress: object) -> None:
+        started.append("dockerd")
+        answers["up"] = True
+
+    monkeypatch.setattr(engine, "_answers", lambda: answers["up"])
+    monkeypatch.setattr(engine, "_start", start)
+    monkeypatch.setattr(engine, "_stop_if_idle", lambda progress: stopped.append("dockerd"))
+    engine.ensure_engine(print, "gpulab-kind-e2e")
+    engine.ensure_engine(print, "gpulab-kind-gpuop-e2e")
+    assert started == ["dockerd"]  # the second user found it answering
+    engine.release(print, "gpulab-kind-e2e")
+    assert stopped == []
+    engine.release(print, "gpulab-kind-gpuop-e2e")
+    assert stopped == ["dockerd"]
