@@ -49,7 +49,7 @@ from gpulab.gpuoperator import api as cp
 from gpulab.gpuoperator import migparted
 from gpulab.gpuoperator import nodelabels as nl
 from gpulab.gpuoperator.migmanager import CLIENT_LABEL, node_configmap_name
-from gpulab.wait import wait_for
+from gpulab.wait import WaitTimeout, wait_for
 from harness.apply import MANIFESTS, load_documents
 from harness.backends import SYSTEM_NAMESPACE
 from harness.labs import (
@@ -79,7 +79,9 @@ CONFIG = "all-1g.10gb"
 TYPO = "all-1g-10gb"  # the mistake: a dash for the dot
 OPERATOR_NS = "gpu-operator"
 POLICY_FILE = MANIFESTS / "gpu-operator/samples/clusterpolicy.yaml"
-READY_TIMEOUT = 180.0
+# the operator walks its states one reconcile at a time: on a 2-core machine running kind
+# clusters beside it (make test) that took over 180 s once
+READY_TIMEOUT = 300.0
 NODE_CONFIGMAP = node_configmap_name(NODE)  # what the MIG manager built from gpu-mig's GPUs
 FIX_CONFIG = (
     f"`kubectl label node {NODE} {nl.MIG_CONFIG_LABEL}={CONFIG} --overwrite` (a config "
@@ -178,18 +180,26 @@ class MigLab:
         _standalone_fresh(api, progress)
         progress("waiting for the operator's operands and both nodes' 8 whole GPUs")
 
+        seen: dict[str, object] = {}
+
         def whole_gpus() -> bool:
             state = custom.get_cluster_custom_object(
                 cp.GROUP, cp.VERSION, "clusterpolicies", "cluster-policy"
             ).get("status", {})
             nodes = [core.read_node(n) for n in (NODE, NODE_B)]
+            seen["ClusterPolicy state"] = state.get("state")
+            seen.update({f"{n.metadata.name} whole GPUs": _whole(n) for n in nodes})
+            seen["mig.strategy"] = (nodes[0].metadata.labels or {}).get("nvidia.com/mig.strategy")
             return (
                 state.get("state") == cp.READY
                 and all(_whole(n) for n in nodes)
-                and (nodes[0].metadata.labels or {}).get("nvidia.com/mig.strategy") == "single"
+                and seen["mig.strategy"] == "single"
             )
 
-        wait_for(whole_gpus, READY_TIMEOUT, "ClusterPolicy ready, 8 GPUs on each node", 1)
+        try:
+            wait_for(whole_gpus, READY_TIMEOUT, "ClusterPolicy ready, 8 GPUs on each node", 1)
+        except WaitTimeout as exc:  # say which part was missing, not only that time ran out
+            raise WaitTimeout(f"{exc}; last seen: {seen}") from exc
         Namespace(NS).create(api, NAME)
         _label(core, NODE, TYPO)
         wait_for(
