@@ -10,7 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import cluster_start, dashboard, hami_extender, kueue_admission, volcano_scheduling
+from bench import (
+    cluster_start,
+    dashboard,
+    hami_extender,
+    kind_start,
+    kueue_admission,
+    volcano_scheduling,
+)
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
@@ -20,6 +27,7 @@ BENCHMARKS: dict[
     str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], list[str]]]
 ] = {
     "cluster_start": (cluster_start.run, cluster_start.section),
+    "kind_start": (kind_start.run, kind_start.section),
     "kueue_admission": (kueue_admission.run, kueue_admission.section),
     "hami_extender": (hami_extender.run, hami_extender.section),
     "dashboard": (dashboard.run, dashboard.section),
