@@ -521,6 +521,11 @@ class DockerCluster(ClusterAPI):
         progress(f"loaded {', '.join(images)} in {time.monotonic() - started:.0f}s")
 
     def down(self, progress: Progress) -> None:
+        answers, why = engine_status()
+        if not answers:  # the lab's dockerd was stopped with its last cluster: none runs
+            progress(f"no {self.tool} cluster {self.spec.name!r} runs ({why})")
+            self.kubeconfig.unlink(missing_ok=True)
+            return
         for argv in self.commands_down():
             progress(f"$ {' '.join(argv)}")
             self.run(argv)

@@ -137,7 +137,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "gpulab" / "gpulab"
 
 
-def test_kind_up_runs_create_then_load(state: Path) -> None:
+def test_kind_up_runs_create_then_load(state: Path, fake_engine: FakeEngine) -> None:
     ran: list[list[str]] = []
     cluster = DockerCluster("kind", load("default"), runner=ran.append)
     kind = cluster.cli()  # the kind the lab built from its module, else the one on PATH
@@ -171,6 +171,22 @@ def test_kind_up_runs_create_then_load(state: Path) -> None:
     ]
     cluster.down(lambda _m: None)
     assert ran == cluster.commands_down()
+    assert not (state / "kubeconfig").exists()
+
+
+def test_kind_down_without_an_engine_says_no_cluster_runs(
+    state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lab stops its dockerd with its last kind cluster: a later `down` says so and runs
+    nothing (`kind delete` would fail with a bare exit code)."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'none.sock'}")
+    ran: list[list[str]] = []
+    state.mkdir(parents=True)
+    (state / "kubeconfig").write_text("stale")
+    said: list[str] = []
+    DockerCluster("kind", load("default"), runner=ran.append).down(said.append)
+    assert ran == []
+    assert said and said[0].startswith("no kind cluster 'gpulab' runs (no Docker engine answers")
     assert not (state / "kubeconfig").exists()
 
 
