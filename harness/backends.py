@@ -24,7 +24,7 @@ from gpulab.kube import api_client
 from gpulab.state import cluster_dir
 from gpulab.wait import wait_for
 from harness.errors import HarnessError
-from harness.spec import ClusterSpec
+from harness.spec import SPEC_DIR, ClusterSpec
 
 BACKENDS = ("local", "kind", "k3d", "external")
 COMPONENT_LABEL = "app.kubernetes.io/name"
@@ -251,13 +251,29 @@ def _recorded(spec: ClusterSpec) -> Path:
 def backend_for(
     spec: ClusterSpec, explicit: str | None = None, kubeconfig: Path | None = None
 ) -> tuple[str, Backend]:
-    """The backend named, else the one this cluster was brought up on, else the default.
-    ``kubeconfig`` is the existing cluster's, for the external backend."""
-    name = explicit
-    if name is None and _recorded(spec).exists():
-        name = _recorded(spec).read_text().strip()
-    name = name or default_backend()
+    """The backend named (``explicit``, else $GPULAB_BACKEND), else the one this cluster
+    was brought up on, else local. ``kubeconfig`` is the existing cluster's, for the
+    external backend. Naming another backend than the one the cluster runs on is an error:
+    one name, one cluster, so a demo never runs on a backend it was not asked for."""
+    named = explicit or (default_backend() if os.environ.get("GPULAB_BACKEND") else None)
+    recorded = _recorded(spec).read_text().strip() if _recorded(spec).exists() else None
+    if named and recorded and named != recorded:
+        if get_backend(recorded, spec, kubeconfig).running():
+            raise HarnessError(
+                f"cluster {spec.name!r} runs on the {recorded} backend, not {named}: "
+                f"`gpulab down --spec {_spec_arg(spec)}` it first, or ask for {recorded}"
+            )
+        forget(spec)
+    name = named or recorded or default_backend()
     return name, get_backend(name, spec, kubeconfig)
+
+
+def _spec_arg(spec: ClusterSpec) -> str:
+    """What --spec takes for this spec: a shipped one's file name, else its path."""
+    if spec.path is None:
+        return spec.name
+    shipped = SPEC_DIR / spec.path.name
+    return spec.path.stem if spec.path.resolve() == shipped.resolve() else str(spec.path)
 
 
 def ensure_up(

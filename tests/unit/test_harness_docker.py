@@ -390,3 +390,28 @@ def test_kind_config_carries_the_specs_kubelet_settings_and_machine_files(tmp_pa
     mount = {"hostPath": str(machine), "containerPath": "/var/lib/kubelet/machine.yaml"}
     assert {**mount, "readOnly": True} in gpu_worker["extraMounts"]
     assert "kubeadmConfigPatches" not in kind_config(load("default"))  # kind's defaults
+
+
+def test_a_named_backend_never_silently_yields_to_the_recorded_one(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPULAB_BACKEND=kind on a cluster name that runs on local is refused in one line (it
+    ran the demo on local before); once the local one is down, kind is used."""
+    from harness import backends
+
+    spec = load("default")
+    state.mkdir(parents=True)
+    (state / "backend").write_text("local")
+    monkeypatch.setenv("GPULAB_BACKEND", "kind")
+    monkeypatch.setattr("harness.local.LocalCluster.running", lambda _self: True)
+    with pytest.raises(
+        HarnessError, match=r"runs on the local backend, not kind: `gpulab down --spec default`"
+    ):
+        backends.backend_for(spec)
+    assert backends.backend_for(spec, "local")[0] == "local"  # asked for what runs
+    monkeypatch.setattr("harness.local.LocalCluster.running", lambda _self: False)
+    assert backends.backend_for(spec)[0] == "kind"
+    assert not (state / "backend").exists()  # the stopped local record is forgotten
+    monkeypatch.delenv("GPULAB_BACKEND")
+    (state / "backend").write_text("kind")
+    assert backends.backend_for(spec)[0] == "kind"  # unnamed: the one it runs on
