@@ -283,8 +283,10 @@ def ensure_up(
     name, backend = backend_for(spec, explicit, kubeconfig)
     if not backend.running():
         progress(f"bringing up cluster {spec.name!r} on the {name} backend")
-        backend.up(progress)
+        # recorded first: `gpulab down` finds what a failed `up` left (kind's containers)
+        _recorded(spec).parent.mkdir(parents=True, exist_ok=True)
         _recorded(spec).write_text(name)
+        backend.up(progress)
     return backend
 
 

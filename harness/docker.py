@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import urllib3
 import yaml
 from docker.errors import APIError, DockerException, ImageNotFound
 from kubernetes import client
@@ -65,6 +66,8 @@ KIND_NODE_IMAGE = (
     "kindest/node:v1.36.4@sha256:099e049362a1526b2db71494e1947aae99bd16290d7c895f2b7ea312e3cbfaed"
 )
 K3D_VERSION = "v5.8"
+API_TIMEOUT = 300.0  # kube-apiserver answering steadily after a restart under load
+APPLY_ATTEMPTS = 4
 
 Runner = Callable[[Sequence[str]], None]
 Progress = Callable[[str], None]
@@ -406,7 +409,8 @@ class DockerCluster(ClusterAPI):
             progress(f"$ {' '.join(argv)}")
             self.run(argv)
         progress(f"{self.tool} cluster created in {time.monotonic() - started:.0f}s")
-        self.load_image(to_load, progress)
+        if to_load:  # the lab's node image has them already (harness/images)
+            self.load_image(to_load, progress)
         if self.tool == "kind":
             self._install_fake_driver(progress)
         pki.create_ca(self.pki_dir())
@@ -470,7 +474,42 @@ class DockerCluster(ClusterAPI):
         from harness.apply import ServiceTransform, apply
 
         ca = pki.KeyPair(self.pki_dir() / "ca.crt", self.pki_dir() / "ca.key")
-        apply(self.api(), paths, progress, ServiceTransform(ca, self.pki_dir()))
+        for attempt in range(1, APPLY_ATTEMPTS + 1):
+            self._wait_api(progress)
+            try:
+                apply(self.api(), paths, progress, ServiceTransform(ca, self.pki_dir()))
+                return
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if attempt == APPLY_ATTEMPTS:
+                    raise HarnessError(
+                        f"kube-apiserver kept dropping connections while applying ({exc}); "
+                        "see `docker exec <control-plane> crictl ps -a` for its restarts"
+                    ) from None
+                # server-side apply is idempotent: apply everything again once it answers
+                progress(f"kube-apiserver dropped the connection ({type(exc).__name__}); again")
+
+    def _wait_api(self, progress: Progress) -> None:
+        """kube-apiserver answers /readyz three times in a row. kubelet restarts the static
+        pod when its liveness probe fails, which a loaded 2-core machine makes happen."""
+        streak: list[bool] = []
+
+        def steady() -> bool:
+            try:
+                self.api().call_api("/readyz", "GET", _preload_content=False, _request_timeout=5)
+                streak.append(True)
+            except (urllib3.exceptions.HTTPError, OSError, client.ApiException):
+                if not streak or streak[-1]:
+                    progress("kube-apiserver is not answering; waiting (kubelet restarts it)")
+                streak.append(False)
+            return streak[-3:] == [True] * 3
+
+        try:
+            wait_for(steady, API_TIMEOUT, "kube-apiserver", interval=2)
+        except WaitTimeout:
+            raise HarnessError(
+                f"the {self.tool} cluster's kube-apiserver did not answer steadily for "
+                f"{API_TIMEOUT:.0f}s; `gpulab down` and `up` again on a less loaded machine"
+            ) from None
 
     def pki_dir(self) -> Path:
         path = self.dir / "pki"

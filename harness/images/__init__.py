@@ -16,7 +16,10 @@ v0.33.0's own recipe step by step:
    kubeadm, kubelet and kubectl into ``/usr/bin``, ``/kind/version``, the CNI and storage
    manifests, every image of step 2 imported into the node's containerd, committed with
    kind's entrypoint;
-5. ``gpulab:dev``, the lab's component image (the repository's Dockerfile) on step 1.
+5. ``gpulab:dev``, the lab's component image (the repository's Dockerfile) on step 1, and
+   the stand-ins of workload images the chapters name;
+6. ``gpulab/kind-node-lab:v1.36.3``: step 4 with step 5's images in its containerd too (a
+   lab convenience: nothing is loaded into the nodes at cluster start).
 
 Each image carries a label with a key of what went into it, so a second build is skipped
 and a changed input rebuilds only what depends on it. The engine's data root is under the
@@ -25,6 +28,7 @@ user's cache (harness/engine.py), so the images survive like the binaries do.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -60,6 +64,7 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 BASE = f"gpulab/debian:{DEBIAN_SUITE}"
 KIND_BASE = f"gpulab/kind-base:{binaries.KIND_VERSION}"
 NODE = f"gpulab/kind-node:{binaries.KUBERNETES_VERSION}"
+LAB_NODE = f"gpulab/kind-node-lab:{binaries.KUBERNETES_VERSION}"
 KINDNETD = f"gpulab/kindnetd:{binaries.KIND_VERSION}"
 LAB = "gpulab:dev"
 # the registry image gpulab:dev starts from where one can be pulled
@@ -157,6 +162,7 @@ def build(client: docker.DockerClient, recipe: Recipe, progress: Progress) -> No
         progress(f"{recipe.tag}: cached")
         return
     progress(f"{recipe.tag}: building ({recipe.dockerfile})")
+    replaced = _image_id(client, recipe.tag)
     try:
         stream = client.api.build(
             fileobj=context_tar(recipe),
@@ -170,6 +176,7 @@ def build(client: docker.DockerClient, recipe: Recipe, progress: Progress) -> No
         follow_build(stream, progress, recipe.tag)
     except APIError as exc:
         raise HarnessError(f"docker build of {recipe.tag} failed: {exc.explanation}") from None
+    _remove_replaced(client, replaced, recipe.tag)
 
 
 # ------------------------------------------------------------------ 1. the Debian base
@@ -328,15 +335,58 @@ def _node_binaries() -> dict[str, Path]:
 
 def build_node(client: docker.DockerClient, preload: list[str], progress: Progress) -> None:
     """kind's buildImage: a build container from the base image, the Kubernetes binaries
-    copied in, /kind/version, the manifests, every image imported into its containerd
-    (``ctr images import --no-unpack``, as kind's containerdImporter), committed."""
+    copied in, /kind/version, the manifests, every image imported into its containerd,
+    committed with kind's entrypoint."""
     key = node_key(client, preload)
     if current_key(client, NODE) == key:
         progress(f"{NODE}: cached")
         return
     progress(f"{NODE}: assembling (kind build node-image's steps)")
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, path in _node_binaries().items():
+            _add_bytes(tar, f"usr/bin/{name}", path.read_bytes(), 0o755)
+        _add_bytes(tar, "kind/version", binaries.KUBERNETES_VERSION.encode(), 0o644)
+        cni = (HERE / "default-cni.yaml").read_text().replace("KINDNETD_IMAGE", KINDNETD)
+        _add_bytes(tar, "kind/manifests/default-cni.yaml", cni.encode(), 0o644)
+        storage = (HERE / "default-storage.yaml").read_bytes()
+        _add_bytes(tar, "kind/manifests/default-storage.yaml", storage, 0o644)
+    _commit_with_images(client, KIND_BASE, NODE, key, preload, progress, archive.getvalue())
+
+
+def build_lab_node(client: docker.DockerClient, progress: Progress) -> None:
+    """The node image with the lab's own images already in its containerd (a lab
+    convenience kind lacks: `kind load docker-image` streamed 556 MB into each worker at
+    every cluster start, 657 s for five workers on 2 cores). Rebuilt when gpulab:dev
+    changes; the images are imported unpacked on first use, as kind's own preloads are."""
+    preload = [LAB, *STAND_INS]
+    digest = hashlib.sha256()
+    for tag in [NODE, *preload]:
+        digest.update(f"{tag}={client.images.get(tag).id}".encode())
+    key = digest.hexdigest()[:20]
+    if current_key(client, LAB_NODE) == key:
+        progress(f"{LAB_NODE}: cached")
+        return
+    progress(f"{LAB_NODE}: {NODE} with {', '.join(preload)} in its containerd")
+    _commit_with_images(client, NODE, LAB_NODE, key, preload, progress)
+
+
+def _commit_with_images(
+    client: docker.DockerClient,
+    base: str,
+    tag: str,
+    key: str,
+    preload: list[str],
+    progress: Progress,
+    files: bytes | None = None,
+) -> None:
+    """A build container from ``base`` (``files``, a tar, unpacked at /), ``preload``
+    imported into its containerd (``ctr images import --no-unpack``, as kind's
+    containerdImporter: the container's overlay cannot hold overlay snapshots), committed
+    as ``tag`` with kind's entrypoint; the image it replaces is removed."""
+    replaced = _image_id(client, tag)
     container = client.containers.run(
-        KIND_BASE,
+        base,
         entrypoint=["sleep"],
         command=["infinity"],
         detach=True,
@@ -344,16 +394,8 @@ def build_node(client: docker.DockerClient, preload: list[str], progress: Progre
         security_opt=["seccomp=unconfined"],
     )
     try:
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            for name, path in _node_binaries().items():
-                _add_bytes(tar, f"usr/bin/{name}", path.read_bytes(), 0o755)
-            _add_bytes(tar, "kind/version", binaries.KUBERNETES_VERSION.encode(), 0o644)
-            cni = (HERE / "default-cni.yaml").read_text().replace("KINDNETD_IMAGE", KINDNETD)
-            _add_bytes(tar, "kind/manifests/default-cni.yaml", cni.encode(), 0o644)
-            storage = (HERE / "default-storage.yaml").read_bytes()
-            _add_bytes(tar, "kind/manifests/default-storage.yaml", storage, 0o644)
-        container.put_archive("/", archive.getvalue())
+        if files:
+            container.put_archive("/", files)
         _exec(container, ["bash", "-c", "nohup containerd > /dev/null 2>&1 &"])
         _exec(
             container,
@@ -364,7 +406,7 @@ def build_node(client: docker.DockerClient, preload: list[str], progress: Progre
                 "sleep 0.2; done; ctr info >/dev/null",
             ],
         )
-        progress(f"{NODE}: importing {len(preload)} images into the node's containerd")
+        progress(f"{tag}: importing {len(preload)} images into the node's containerd")
         save = subprocess.Popen(["docker", "save", *preload], stdout=subprocess.PIPE)
         load = subprocess.run(
             [
@@ -388,24 +430,43 @@ def build_node(client: docker.DockerClient, preload: list[str], progress: Progre
             check=False,
         )
         if save.wait() != 0 or load.returncode != 0:
-            raise HarnessError(f"importing images into the node image failed: {load.stderr}")
+            raise HarnessError(f"importing images into {tag} failed: {load.stderr}")
         listed = _exec(container, ["ctr", "--namespace=k8s.io", "images", "list", "-q"])
-        absent = [tag for tag in preload if _qualified(tag) not in listed.split()]
+        absent = [image for image in preload if _qualified(image) not in listed.split()]
         if absent:
-            raise HarnessError(f"the node image's containerd lacks {', '.join(absent)}")
+            raise HarnessError(f"{tag}'s containerd lacks {', '.join(absent)}")
         _exec(container, ["pkill", "containerd"])
+        repository, version = tag.rsplit(":", 1)
         container.commit(
-            repository=NODE.split(":")[0],
-            tag=NODE.split(":")[1],
+            repository=repository,
+            tag=version,
             changes=[
                 'ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]',
                 'ENV HTTP_PROXY="" HTTPS_PROXY="" NO_PROXY=""',
                 f"LABEL {LABEL}={key}",
             ],
         )
-        progress(f"{NODE}: built")
+        progress(f"{tag}: built")
     finally:
         container.remove(force=True, v=True)
+    _remove_replaced(client, replaced, tag)
+
+
+def _image_id(client: docker.DockerClient, tag: str) -> str | None:
+    try:
+        return str(client.images.get(tag).id)
+    except ImageNotFound:
+        return None
+
+
+def _remove_replaced(client: docker.DockerClient, image_id: str | None, tag: str) -> None:
+    """Each rebuild leaves the image ``tag`` named before untagged (a node image is GBs):
+    remove it, unless the rebuild gave the same image or a container (a running
+    cluster's node) still uses it (then a later rebuild tries again)."""
+    if image_id is None or image_id == _image_id(client, tag):
+        return
+    with contextlib.suppress(APIError):
+        client.images.remove(image_id)
 
 
 def _qualified(tag: str) -> str:
@@ -459,6 +520,7 @@ def lab_context() -> IO[bytes]:
 def build_lab(client: docker.DockerClient, progress: Progress, base: str) -> None:
     """The repository's Dockerfile (docker's layer cache makes an unchanged rebuild fast)."""
     progress(f"{LAB}: building from {ROOT / 'Dockerfile'} on {base}")
+    replaced = _image_id(client, LAB)
     try:
         stream = client.api.build(
             fileobj=lab_context(),
@@ -471,6 +533,7 @@ def build_lab(client: docker.DockerClient, progress: Progress, base: str) -> Non
         follow_build(stream, progress, LAB)
     except APIError as exc:
         raise HarnessError(f"docker build of {LAB} failed: {exc.explanation}") from None
+    _remove_replaced(client, replaced, LAB)
 
 
 # ------------------------------------------------------------------------- the whole
@@ -559,4 +622,5 @@ def _ensure_images(
     for stand_in in STAND_INS:
         args = {"LAB": LAB, "LAB_ID": lab_id}
         build(client, Recipe(stand_in, "stand-in.Dockerfile", buildargs=args), progress)
-    return KindImages(NODE, [LAB, *STAND_INS])
+    build_lab_node(client, progress)
+    return KindImages(LAB_NODE, [])
