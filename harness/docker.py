@@ -66,6 +66,21 @@ KIND_NODE_IMAGE = (
     "kindest/node:v1.36.4@sha256:099e049362a1526b2db71494e1947aae99bd16290d7c895f2b7ea312e3cbfaed"
 )
 K3D_VERSION = "v5.8"
+# kubeadm v1beta4's timeouts (defaults: 1m for an API call, 4m for a component's health):
+# on a loaded 2-core machine kube-apiserver took over a minute to answer after kubelet
+# started it, and `kubeadm init` gave up creating its first ClusterRoleBinding
+INIT_TIMEOUTS = {
+    "controlPlaneComponentHealthCheck": "10m0s",
+    "kubeletHealthCheck": "10m0s",
+    "kubernetesAPICall": "5m0s",
+    "etcdAPICall": "5m0s",
+}
+JOIN_TIMEOUTS = {
+    "discovery": "10m0s",
+    "tlsBootstrap": "10m0s",
+    "kubeletHealthCheck": "10m0s",
+    "kubernetesAPICall": "5m0s",
+}
 API_TIMEOUT = 300.0  # kube-apiserver answering steadily after a restart under load
 APPLY_ATTEMPTS = 4
 
@@ -208,7 +223,11 @@ def kind_config(
             "labels": _worker_labels(node),
             "kubeadmConfigPatches": [
                 yaml.safe_dump(
-                    {"kind": "JoinConfiguration", "nodeRegistration": {"name": node.name}},
+                    {
+                        "kind": "JoinConfiguration",
+                        "nodeRegistration": {"name": node.name},
+                        "timeouts": JOIN_TIMEOUTS,
+                    },
                     sort_keys=False,
                 )
             ],
@@ -236,7 +255,9 @@ def kind_config(
         "name": spec.name,
         "nodes": nodes,
     }
-    patches = []
+    patches = [
+        yaml.safe_dump({"kind": "InitConfiguration", "timeouts": INIT_TIMEOUTS}, sort_keys=False)
+    ]
     patch = kubelet_patch(spec, cgroup_v1)
     if patch is not None:
         patches.append(yaml.safe_dump(patch, sort_keys=False))
@@ -245,8 +266,7 @@ def kind_config(
 
         dns = {"kind": "ClusterConfiguration", "dns": {"imageTag": COREDNS.version}}
         patches.append(yaml.safe_dump(dns, sort_keys=False))
-    if patches:
-        config["kubeadmConfigPatches"] = patches
+    config["kubeadmConfigPatches"] = patches
     if restrict_oom_score_adj:
         config["containerdConfigPatches"] = [
             '[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true\n'
@@ -405,9 +425,15 @@ class DockerCluster(ClusterAPI):
             self.write_config()
             to_load = [IMAGE]
         started = time.monotonic()
-        for argv in self.commands_up():
-            progress(f"$ {' '.join(argv)}")
-            self.run(argv)
+        try:
+            self._create(progress)
+        except HarnessError as exc:
+            if self.tool != "kind":
+                raise
+            # kubeadm init gives up when kube-apiserver restarts during its bootstrap (a
+            # liveness probe failing on a loaded machine): kind deletes the nodes, try again
+            progress(f"{exc}; creating the cluster once more")
+            self._create(progress)
         progress(f"{self.tool} cluster created in {time.monotonic() - started:.0f}s")
         if to_load:  # the lab's node image has them already (harness/images)
             self.load_image(to_load, progress)
@@ -417,6 +443,11 @@ class DockerCluster(ClusterAPI):
         self._apply(["base"], progress)
         self._wait_nodes(progress)
         addons.start_all(list(self.spec.addons), self, progress)
+
+    def _create(self, progress: Progress) -> None:
+        for argv in self.commands_up():
+            progress(f"$ {' '.join(argv)}")
+            self.run(argv)
 
     def node_containers(self) -> dict[str, Any]:
         """kind: the Docker container of each node, by node name (the spec node's name,

@@ -256,7 +256,8 @@ def test_kind_workers_register_under_their_spec_node_names() -> None:
 def test_the_offline_node_image_names_its_coredns_and_cgroup_v1_hosts_get_failcgroupv1() -> None:
     cfg = kind_config(load("default"), node_image="gpulab/kind-node:v1.36.3", cgroup_v1=True)
     assert {n["image"] for n in cfg["nodes"]} == {"gpulab/kind-node:v1.36.3"}
-    kubelet, dns = (yaml.safe_load(p) for p in cfg["kubeadmConfigPatches"])
+    init, kubelet, dns = (yaml.safe_load(p) for p in cfg["kubeadmConfigPatches"])
+    assert init["timeouts"]["kubernetesAPICall"] == "5m0s"  # kubeadm's 1m ran out under load
     assert kubelet == {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -268,7 +269,7 @@ def test_the_offline_node_image_names_its_coredns_and_cgroup_v1_hosts_get_failcg
     (toml,) = short["containerdConfigPatches"]
     assert toml == '[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true\n'
     scheduling = kind_config(load("scheduling"), cgroup_v1=True)
-    (patch,) = scheduling["kubeadmConfigPatches"]  # one KubeletConfiguration, both settings
+    _init, patch = scheduling["kubeadmConfigPatches"]  # one KubeletConfiguration, both settings
     assert yaml.safe_load(patch)["failCgroupV1"] is False
     assert yaml.safe_load(patch)["topologyManagerPolicy"] == "single-numa-node"
 
@@ -380,7 +381,7 @@ def test_kind_config_carries_the_specs_kubelet_settings_and_machine_files(tmp_pa
     the lab's machine file (NUMA layout) where the topology updater reads it."""
     spec = load("scheduling")
     cfg = kind_config(spec, relative_paths=False, machine_dir=tmp_path)
-    (patch,) = cfg["kubeadmConfigPatches"]
+    _init, patch = cfg["kubeadmConfigPatches"]
     kubelet = yaml.safe_load(patch)
     assert kubelet["kind"] == "KubeletConfiguration"
     assert kubelet["topologyManagerPolicy"] == "single-numa-node"
@@ -389,7 +390,8 @@ def test_kind_config_carries_the_specs_kubelet_settings_and_machine_files(tmp_pa
     machine = tmp_path / f"{gpu_worker['labels']['gpulab.io/spec-node']}.yaml"
     mount = {"hostPath": str(machine), "containerPath": "/var/lib/kubelet/machine.yaml"}
     assert {**mount, "readOnly": True} in gpu_worker["extraMounts"]
-    assert "kubeadmConfigPatches" not in kind_config(load("default"))  # kind's defaults
+    (init,) = kind_config(load("default"))["kubeadmConfigPatches"]  # kind's kubelet defaults
+    assert yaml.safe_load(init)["kind"] == "InitConfiguration"
 
 
 def test_a_named_backend_never_silently_yields_to_the_recorded_one(
