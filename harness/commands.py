@@ -113,7 +113,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         from harness.images import ensure_images
 
         built = ensure_images(progress, offline=True if args.offline else None)
-        progress(f"kind node image {built.node}; loaded into each node: {', '.join(built.load)}")
+        loaded = ", ".join(built.load) or "nothing (the node image carries the lab's images)"
+        progress(f"kind node image {built.node}; loaded into each node at start: {loaded}")
         release(progress, "build")  # the engine stays up only while a kind cluster uses it
     elif args.offline:
         raise HarnessError("--offline goes with --images")

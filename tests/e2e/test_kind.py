@@ -163,7 +163,11 @@ def test_the_external_backend_deploys_onto_the_kind_cluster_and_removes_it_again
     from harness.spec import load
 
     path = tmp_path / "guest.yaml"
-    guest = {"name": "gpulab-kind-guest", "addons": ["device-plugin", "kueue"], "nodes": [{"name": "x"}]}
+    guest = {
+        "name": "gpulab-kind-guest",
+        "addons": ["device-plugin", "kueue"],
+        "nodes": [{"name": "x"}],
+    }
     path.write_text(yaml.safe_dump(guest))
     ext = ExternalCluster(load(path), kind.kubeconfig)
     said: list[str] = []
