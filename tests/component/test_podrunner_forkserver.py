@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -196,9 +197,14 @@ def test_a_status_sent_with_the_pid_is_not_lost(
     def fake_server() -> None:
         conn, _ = listener.accept()
         with conn:
-            _data, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
+            header, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
             for fd in fds:
                 os.close(fd)
+            # the whole request is read first, as the real server does: closing on an
+            # unread body made the client's sendall fail with EPIPE under load
+            (size,) = struct.unpack("!I", header)
+            while size > 0:
+                size -= len(conn.recv(size))
             conn.sendall(b"4242\n7\n")
 
     def launch(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
