@@ -17,20 +17,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from bench import cluster_start
 from harness.docker import DockerCluster
 from harness.local import LocalCluster
 from harness.spec import ClusterSpec, load, parse
 
 NAME = "gpulab-bench-kind"
-# kind picks its API server's host port itself; these are the local twin's (block 26xxx is
-# the cluster_start benchmark's, which never runs at the same time)
-PORTS = {
-    "apiserver": 26443,
-    "etcd": 26379,
-    "etcdPeer": 26380,
-    "controllerManager": 26257,
-    "scheduler": 26259,
-}
+# kind picks its API server's host port itself; the local twin takes the cluster_start
+# benchmark's block (26xxx), which never runs at the same time
+PORTS = cluster_start.PORTS
 # progress message prefix -> phase name, in the order they happen
 PHASES = (
     ("kind cluster created", "kind create cluster (node containers, kubeadm init/join)"),
