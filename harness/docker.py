@@ -440,6 +440,7 @@ class DockerCluster(ClusterAPI):
         if self.tool == "kind":
             self._install_fake_driver(progress)
         pki.create_ca(self.pki_dir())
+        self._wait_api(progress)
         self._apply(["base"], progress)
         self._wait_nodes(progress)
         addons.start_all(list(self.spec.addons), self, progress)
@@ -506,7 +507,8 @@ class DockerCluster(ClusterAPI):
 
         ca = pki.KeyPair(self.pki_dir() / "ca.crt", self.pki_dir() / "ca.key")
         for attempt in range(1, APPLY_ATTEMPTS + 1):
-            self._wait_api(progress)
+            if attempt > 1:  # up() waited before the first apply; each addon's need not
+                self._wait_api(progress)
             try:
                 apply(self.api(), paths, progress, ServiceTransform(ca, self.pki_dir()))
                 return
