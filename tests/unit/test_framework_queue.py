@@ -21,7 +21,10 @@ from gpulab.framework.events import (
 )
 from gpulab.framework.interface import QueuedPodInfo
 from gpulab.framework.objects import GPU, make_node
+from gpulab.framework.plugins.nodeaffinity import NodeAffinity
 from gpulab.framework.plugins.noderesources import Fit
+from gpulab.framework.plugins.nodeunschedulable import NodeUnschedulable
+from gpulab.framework.plugins.podtopologyspread import PodTopologySpread
 from gpulab.framework.plugins.queuesort import PrioritySort
 from gpulab.framework.plugins.schedulinggates import SchedulingGates
 from gpulab.framework.plugins.tainttoleration import TaintToleration
@@ -65,7 +68,16 @@ class Recorder:
 
 
 def queue(clock: Clock, recorder: Recorder | None = None) -> SchedulingQueue:
-    hints = build_queueing_hint_map([Fit({}), TaintToleration(), SchedulingGates(), Waits()])
+    plugins = [
+        Fit({}),
+        TaintToleration(),
+        NodeAffinity({}),
+        NodeUnschedulable(),
+        PodTopologySpread({"defaultingType": "List"}, None),  # List without any: no listers
+        SchedulingGates(),
+        Waits(),
+    ]
+    hints = build_queueing_hint_map(plugins)
     return SchedulingQueue(
         PrioritySort().Less,
         {PROFILE: hints},
@@ -187,6 +199,58 @@ def test_node_hints_of_fit_and_taint_toleration() -> None:
     clean = make_node("m")
     assert q.MoveAllToActiveOrBackoffQueue(taint_change, tainted, still) == []
     assert q.MoveAllToActiveOrBackoffQueue(taint_change, still, clean) == ["default/t"]
+
+
+def test_node_hints_of_node_affinity_unschedulable_and_spread() -> None:
+    clock = Clock()
+    recorder = Recorder()
+    q = queue(clock, recorder)
+
+    def skipped_by(plugin: str) -> bool:
+        return recorder.seen[-1][2:] == (UNSCHEDULABLE_Q, f"{plugin} says QueueSkip")
+
+    # NodeAffinity asks whether the node went from not matching the pod to matching it
+    label_change = ClusterEvent(NODE, ActionType.UPDATE_NODE_LABEL)
+    rejected(q, make_pod("picky", node_selector={"zone": "a"}), "NodeAffinity")
+    in_b, in_c = make_node("n", labels={"zone": "b"}), make_node("n", labels={"zone": "c"})
+    assert q.MoveAllToActiveOrBackoffQueue(label_change, in_b, in_c) == []
+    assert skipped_by("NodeAffinity")
+    # a node that matched already: upstream's wasMatched -> QueueSkip
+    in_a = make_node("m", labels={"zone": "a"})
+    in_a_racked = make_node("m", labels={"zone": "a", "rack": "r1"})
+    assert q.MoveAllToActiveOrBackoffQueue(label_change, in_a, in_a_racked) == []
+    assert skipped_by("NodeAffinity")
+    moved_to_a = make_node("n", labels={"zone": "a"})
+    assert q.MoveAllToActiveOrBackoffQueue(label_change, in_b, moved_to_a) == ["default/picky"]
+
+    # NodeUnschedulable: an uncordon (an UpdateNodeTaint event) helps, a cordoned new node not
+    rejected(q, make_pod("cordoned-out"), "NodeUnschedulable")
+    cordoned = make_node("c", unschedulable=True)
+    assert q.MoveAllToActiveOrBackoffQueue(EVENT_NODE_ADD, None, cordoned) == []
+    assert skipped_by("NodeUnschedulable")
+    uncordon = ClusterEvent(NODE, ActionType.UPDATE_NODE_TAINT)
+    assert q.MoveAllToActiveOrBackoffQueue(uncordon, cordoned, make_node("c")) == [
+        "default/cordoned-out"
+    ]
+
+    # PodTopologySpread counts the bound pods of the pod's own namespace only
+    spread = make_pod("spread", labels={"app": "web"})
+    spread["spec"]["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "web"}},
+        }
+    ]
+    rejected(q, spread, "PodTopologySpread")
+    elsewhere = make_pod("web-0", "other", labels={"app": "web"}, node_name="n")
+    assert q.MoveAllToActiveOrBackoffQueue(EVENT_ASSIGNED_POD_DELETE, elsewhere, None) == []
+    assert skipped_by("PodTopologySpread")
+    here = make_pod("web-1", labels={"app": "web"}, node_name="n")
+    assert q.MoveAllToActiveOrBackoffQueue(EVENT_ASSIGNED_POD_DELETE, here, None) == [
+        "default/spread"
+    ]
 
 
 def test_backoff_doubles_up_to_the_maximum() -> None:
