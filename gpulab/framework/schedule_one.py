@@ -676,9 +676,13 @@ def score_line(host: str, scores: Mapping[str, Mapping[str, int]]) -> str:
 
     "gpu-t4-1 wins: gpu-t4-1=478, gpu-t4-0=473; against gpu-t4-0:
     NodeResourcesBalancedAllocation 78 vs 72, NodeResourcesFit 66 vs 67"
+
+    When the runner-up's total equals the winner's, a note says so: the lab's heap order
+    is its own evaluation order, so kube-scheduler may pick another of the tied nodes.
     """
-    ranked = sorted(scores, key=lambda n: (n != host, -sum(scores[n].values())))
-    line = f"{host} wins: " + ", ".join(f"{n}={sum(scores[n].values())}" for n in ranked)
+    totals = {n: sum(s.values()) for n, s in scores.items()}
+    ranked = sorted(scores, key=lambda n: (n != host, -totals[n]))
+    line = f"{host} wins: " + ", ".join(f"{n}={totals[n]}" for n in ranked)
     if len(ranked) > 1:
         runner = ranked[1]
         diffs = [
@@ -686,7 +690,14 @@ def score_line(host: str, scores: Mapping[str, Mapping[str, int]]) -> str:
             for plugin, score in scores[host].items()
             if score != scores[runner].get(plugin, 0)
         ]
-        line += f"; against {runner}: " + (", ".join(diffs) or "a tie")
+        line += f"; against {runner}: " + (", ".join(diffs) or "the same per plugin")
+        tied = [n for n in ranked[1:] if totals[n] == totals[host]]
+        if tied:
+            line += (
+                " (totals tie: kube-scheduler takes the head of the same heap, but over the "
+                "nodes in the order its parallel Filter found them, so it may pick "
+                f"{' or '.join(tied)})"
+            )
     return line
 
 
