@@ -221,6 +221,10 @@ def all_or_nothing(api: client.ApiClient, nominations: Nominations) -> None:
         "wait in unschedulablePods for what Coscheduling registered (Pod/Add, PodGroup "
         "Add/Update) - no 1-10 s backoff loop"
     )
+    say(
+        "(the QueueingHint steps are a lab convenience, gpulab trace Events: kube-scheduler "
+        "logs this decision only at -v=5)"
+    )
     core = client.CoreV1Api(api)
     core.patch_node(node, {"metadata": {"labels": {label: "yes"}}})
     try:
