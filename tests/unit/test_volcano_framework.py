@@ -185,6 +185,41 @@ def test_preempt_evicts_a_lower_priority_job_in_the_same_queue() -> None:
     assert cache.evictions[0][1] == "preempt"
 
 
+def test_an_empty_intersection_lets_the_next_plugin_of_the_tier_decide() -> None:
+    """Reclaimable in the lab's first tier (gang, conformance, proportion), as v1.15.1
+    walks it: gang offers only the system-critical job's spare task, conformance only
+    the others; their empty intersection is Go's nil, so proportion starts afresh and its
+    victims are taken alone - the gang at its minimum loses tasks (volcano-sh/volcano
+    #5963)."""
+    crit = podgroup("crit", min_member=1, queue="qa", phase=apis.PG_RUNNING)
+    crit_pods = [task_pod("crit", "w", i, requests={GPU: 1}, node="gpu-0") for i in range(2)]
+    for pod in crit_pods:
+        pod["spec"]["priorityClassName"] = "system-cluster-critical"
+    full = podgroup("full", min_member=6, queue="qa", phase=apis.PG_RUNNING)
+    full_pods = [task_pod("full", "w", i, requests={GPU: 1}, node="gpu-0") for i in range(6)]
+    new = podgroup("new", min_member=1, queue="qb", phase=apis.PG_INQUEUE)
+    new_pods = [task_pod("new", "w", 0, requests={GPU: 2})]
+    ssn = session_of(
+        [*crit_pods, *full_pods, *new_pods],
+        [crit, full, new],
+        gpu_nodes(1),
+        [queue("qa"), queue("qb")],
+    )
+    (reclaimer,) = ssn.jobs["default/new"].tasks.values()
+    reclaimees = [
+        *ssn.jobs["default/full"].tasks.values(),
+        *ssn.jobs["default/crit"].tasks.values(),
+    ]
+    fns = ssn.fns["reclaimable"]
+    by_gang, _ = fns["gang"](reclaimer, reclaimees)
+    by_conformance, _ = fns["conformance"](reclaimer, reclaimees)
+    by_proportion, _ = fns["proportion"](reclaimer, reclaimees)
+    assert [t.job for t in by_gang] == ["default/crit"]
+    assert {t.job for t in by_conformance} == {"default/full"}
+    assert [t.name for t in by_proportion] == ["full-w-0", "full-w-1"]  # qa: 8 of deserved 6
+    assert ssn.reclaimable(reclaimer, reclaimees) == by_proportion
+
+
 def test_the_overlay_keeps_what_the_cache_did() -> None:
     pods = [
         task_pod("g", "w", 0, requests={GPU: 2}),

@@ -1,7 +1,8 @@
 """Volcano's job controller with fake API clients: delayed policy actions cancelled as
 upstream's CleanPodDelayActionsIfNeed / AddDelayActionForJob / cleanupDelayActions do,
-TaskFailed from the task's restarts, RestartTask deleting the PodGroup, and the job
-plugins (env, svc, ssh, pytorch, mpi) on the pods and around them."""
+TaskFailed from the task's restarts, RestartTask / RestartPod deleting the PodGroup, the
+job plugins (env, svc, ssh, pytorch, mpi) on the pods and around them, and the one
+Warning for a plugin the lab does not implement."""
 
 from __future__ import annotations
 
@@ -224,17 +225,27 @@ def test_task_completed_counts_the_tasks_replicas() -> None:
     assert not helpers.task_failed({**task, "maxRetry": -1}, [task_pod(0, "Running", 99)])
 
 
-# -- RestartTask -----------------------------------------------------------------------------------
+# -- RestartTask, RestartPod -----------------------------------------------------------------------
 
 
-def test_restart_task_deletes_the_pod_group_too(controller: JobController, api: FakeApi) -> None:
-    """killPods deletes the PodGroup whatever it killed: the gang is enqueued again."""
+@pytest.mark.parametrize(
+    ("action", "target", "killed"),
+    [
+        (apis.RESTART_TASK, {"task": "w"}, ["train-w-0", "train-w-1"]),
+        (apis.RESTART_POD, {"task": "w", "pod": "train-w-0"}, ["train-w-0"]),
+    ],
+)
+def test_restart_task_deletes_the_pod_group_too(
+    controller: JobController, api: FakeApi, action: str, target: Obj, killed: list[str]
+) -> None:
+    """killPods deletes the PodGroup whatever it killed: the gang is enqueued again.
+    RestartTask kills the task's pods, RestartPod only the pod the request names."""
     body = add_job(controller, vo.vcjob("train", [vo.task("w", 2), vo.task("ps", 1)], queue=NS))
     for i in range(2):
         controller._remember(task_pod(i, "Running"))
-    controller.execute(body, apis.RESTART_TASK, {"task": "w"})
+    controller.execute(body, action, target)
     deleted = [name for method, name in api.calls if method.startswith("delete")]
-    assert deleted == ["train-w-0", "train-w-1", "train-job-uid"]
+    assert deleted == [*killed, "train-job-uid"]
 
 
 # -- plugins -------------------------------------------------------------------------------------
@@ -354,3 +365,34 @@ def test_a_synced_job_creates_its_pods_through_the_plugins(
     assert sorted(pods) == ["train-master-0", *(f"train-worker-{i}" for i in range(3))]
     assert env_of(pods["train-worker-1"]["spec"]["containers"][0])["RANK"] == "2"
     assert ("service", "train") in api.objects and ("config_map", "train-svc") in api.objects
+
+
+def test_a_plugin_the_lab_does_not_implement_is_a_warning_once(
+    controller: JobController, api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tensorflow is accepted (as upstream) but not applied: one Warning PluginError on
+    the Job naming it, however often the job is synced, and the pods are still created."""
+    steps: list[tuple[str, str, bool]] = []
+    record = controller.tracer.step
+
+    def step(reason: str, regarding: Any, message: str, *, warning: bool = False) -> None:
+        steps.append((reason, message, warning))
+        record(reason, regarding, message, warning=warning)
+
+    monkeypatch.setattr(controller.tracer, "step", step)
+    job = vo.vcjob("train", [vo.task("w", 2)], queue=NS)
+    job["metadata"].update(namespace=NS, uid="job-uid", resourceVersion="1")
+    job["status"] = {"state": {"phase": apis.JOB_PENDING}, "version": 0}
+    job["spec"]["plugins"] = {"tensorflow": []}
+    controller.jobs.store.apply("ADDED", job)
+    pg = helpers.new_pod_group(job, {})
+    pg["status"] = {"phase": apis.PG_INQUEUE}
+    controller.podgroups.store.apply("ADDED", pg)
+    for _ in range(2):
+        controller.reconcile(json.dumps({"namespace": NS, "job": "train", "event": "OutOfSync"}))
+    warnings = [(r, m) for r, m, warning in steps if warning and r == "PluginError"]
+    assert len(warnings) == 1 and "job plugin(s) tensorflow not implemented" in warnings[0][1]
+    log = controller.tracer._stream.getvalue()  # type: ignore[attr-defined]
+    assert log.count('"step": "PluginError"') == 1
+    pods = sorted(name for kind, name in api.objects if kind == "pod")
+    assert pods == ["train-w-0", "train-w-1"]

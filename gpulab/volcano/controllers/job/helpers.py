@@ -21,8 +21,14 @@ Mirrors volcano-sh/volcano v1.15.1 ``pkg/controllers/job``:
   ``count/pods``, cpu / memory / ephemeral-storage with their ``requests.`` / ``limits.``
   forms, extended resources as ``requests.<name>`` and, Volcano's addition, ``<name>``).
 
-Lab differences: no job plugins (env, ssh, svc, mpi, pytorch ... are accepted by the
-webhook and not applied), volumes / PVCs, partitions, dependsOn, network topology.
+The job plugins (env, svc, ssh, pytorch, mpi) are plugins.py; ``tensorflow``, ``ray``
+and ``hcclrank`` are accepted by the webhook but not applied (a Warning ``PluginError``
+Event on the Job says so).
+
+Lab differences, still missing: ``spec.volumes`` (no PVC created, none mounted in the
+pods), partitions (``partitionPolicy`` is not read: no sub-groups in the PodGroup, no
+``minTaskMember`` from its partitions), ``dependsOn`` (every task's pods are created at
+once), network topology (``spec.networkTopology`` is not copied to the PodGroup).
 """
 
 from __future__ import annotations

@@ -266,10 +266,14 @@ class Session:
         victims; the first tier with victims decides; a plugin naming none sends the walk
         to the next tier.
 
-        Lab difference: plugins whose victims do not intersect end the walk with none;
-        upstream's empty intersection is a nil slice, so the next tier decides
-        (volcano-sh/volcano#5964; docs/volcano.md). With the lab's tiers no plugin of
-        tier 2 names reclaim victims, so the two agree there."""
+        As upstream, ``victims`` is None both before the first vote and after an empty
+        intersection (Go's nil slice), so the plugin after an empty intersection starts
+        afresh with its own victims, dropping what the earlier plugins of the tier
+        filtered; after the tier's last plugin the next tier decides. With the lab's
+        first tier (gang, conformance, proportion for reclaim): when gang offers only
+        system-critical tasks, which conformance refuses, proportion's victims are
+        taken alone - tasks of a gang at its minimum among them. Upstream reports this
+        as a bug (volcano-sh/volcano#5963, found in #5964; docs/volcano.md)."""
         for fns in self._tiers(kind, switch):
             victims: list[TaskInfo] | None = None
             for fn in fns:
@@ -283,7 +287,7 @@ class Session:
                     victims = list(candidates)
                 else:
                     keep = {c.uid for c in candidates}
-                    victims = [v for v in victims if v.uid in keep]
+                    victims = [v for v in victims if v.uid in keep] or None
             if victims is not None:
                 return victims
         return []
