@@ -456,9 +456,10 @@ def cpu_admitted(name: str, queue: str, millis: int, priority: int = 0) -> Workl
     return wl
 
 
-FAIR_CASES = {
+FAIR_CASES: dict[str, tuple[Any, ...]] = {
     # upstream case name: (admitted (name, queue, millicores, priority), incoming
-    # (queue, millicores), strategies, expected {victim: reason})
+    # (queue, millicores), strategies, expected {victim: reason}[, quota of the
+    # "preemptible" queue in millicores, 0 when left out])
     "reclaim borrowable quota from user using the most": (
         [(f"a{i}", "a", 1000, 0) for i in (1, 2, 3)]
         + [(f"b{i}", "b", 1000, 0) for i in (1, 2, 3, 4, 5)]
@@ -498,22 +499,36 @@ FAIR_CASES = {
         (),
         {"b1": api.IN_COHORT_FAIR_SHARING, "c1": api.IN_COHORT_FAIR_SHARING},
     ),
+    # The lab's own case in upstream's setting: b and c both borrow from the lender
+    # ("preemptible", 6 CPUs), b more (3 CPUs above nominal against c's 2), and either victim
+    # alone satisfies LessThanOrEqualToFinalShare; TargetClusterQueueOrdering
+    # (fairsharing/ordering.go nextTarget) visits the highest share first, so b1 goes.
+    "take from the queue borrowing the most when two borrow": (
+        [(f"a{i}", "a", 1000, 0) for i in (1, 2, 3)]
+        + [(f"b{i}", "b", 1000, 0) for i in range(1, 7)]
+        + [(f"c{i}", "c", 1000, 0) for i in range(1, 6)],
+        ("a", 1000),
+        (),
+        {"b1": api.IN_COHORT_FAIR_SHARING},
+        6000,
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(FAIR_CASES))
 def test_fair_sharing_preemption_as_upstream(case: str) -> None:
     """Cases of upstream's TestFairPreemptions: queues a, b, c (3 CPUs each, reclaim Any,
-    borrowWithinCohort LowerPriority below -3) and "preemptible" (0) in one cohort; the
-    preemptor borrows, so the strategies decide and the borrowing queues are tried in
-    order of share. The snapshot is unchanged afterwards."""
-    running, (queue, millis), strategies, want = FAIR_CASES[case]
+    borrowWithinCohort LowerPriority below -3) and "preemptible" (0 unless the case gives
+    a quota) in one cohort; the preemptor borrows, so the strategies decide and the
+    borrowing queues are tried in order of share. The snapshot is unchanged afterwards."""
+    running, (queue, millis), strategies, want, *rest = FAIR_CASES[case]
+    lender_quota = rest[0] if rest else 0
     policy = Preemption(api.LOWER_PRIORITY, api.ANY, api.LOWER_PRIORITY, -3)
     queues = [
         cq(name, {"default": 3000}, cohort="all", resource="cpu", preemption=policy)
         for name in ("a", "b", "c")
     ]
-    queues.append(cq("preemptible", {"default": 0}, cohort="all", resource="cpu"))
+    queues.append(cq("preemptible", {"default": lender_quota}, cohort="all", resource="cpu"))
     cache = make_cache(queues, [cpu_admitted(*r) for r in running])
     snapshot = cache.snapshot()
 
