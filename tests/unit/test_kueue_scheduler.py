@@ -414,6 +414,48 @@ def test_the_least_severe_flavor_of_a_resource_group_names_the_reason() -> None:
     assert "insufficient unused quota for nvidia.com/gpu in flavor h100, 2 more needed" in e.message
 
 
+def test_across_resource_groups_the_most_severe_reason_wins() -> None:
+    """Two resource groups are co-requisites: the GPU group finds a100 after h100 is
+    WaitingForQuota (the lender's h100 is in use), then the cpu group's only flavor can
+    never hold 2 CPUs (ExceedsMaxQuota). resolveNoFitReason takes the least severe
+    reason within a group and the most severe across groups: ExceedsMaxQuota. The GPU
+    is requested first, the order upstream tries them in too (resources sorted by
+    FNV-1a hash under VectorizedResourceRequests, Beta and on in v0.19)."""
+
+    def two_groups(name: str, h100: int, a100: int, cpus: int) -> ClusterQueue:
+        return ClusterQueue(
+            name=name,
+            resource_groups=(
+                ResourceGroup((GPU,), ("h100", "a100")),
+                ResourceGroup(("cpu",), ("default",)),
+            ),
+            quotas={
+                FlavorResource("h100", GPU): Quota(h100),
+                FlavorResource("a100", GPU): Quota(a100),
+                FlavorResource("default", "cpu"): Quota(cpus),
+            },
+            cohort="t",
+            namespace_selector={},
+        )
+
+    queues = [two_groups("a", 0, 4, 1000), two_groups("b", 4, 0, 0)]
+    cache = make_cache(queues, [admitted("b-4", "b", "h100", 4)])
+    wl = pending("w", "a", 2)
+    wl.total_requests = (PodSetResources("main", 1, {GPU: 2, "cpu": 2000}),)
+    e = run(cache, wl)["w"]
+    assert e.assignment is not None and e.assignment.mode() == Mode.NO_FIT
+    attempts = {
+        a.flavor: (a.mode, a.no_fit_reason) for a in e.assignment.pod_sets[0].attempts.values()
+    }
+    assert attempts == {
+        "h100": (Mode.NO_FIT, api.REASON_WAITING_FOR_QUOTA),
+        "a100": (Mode.FIT, ""),
+        "default": (Mode.NO_FIT, api.REASON_EXCEEDS_MAX_QUOTA),
+    }
+    assert e.reason == api.REASON_EXCEEDS_MAX_QUOTA
+    assert "insufficient quota for cpu in flavor default" in e.message
+
+
 # -- a ClusterQueue covering pods (flavorassigner.go assignFlavors) -------------------------
 
 
