@@ -25,7 +25,7 @@ from gpulab.kueue.model import (
 )
 from gpulab.kueue.preemption import Preemptor
 from gpulab.kueue.queue import Head, RequeueReason
-from gpulab.kueue.scheduler import Entry, Status, schedule
+from gpulab.kueue.scheduler import Entry, Status, pending_reason, schedule
 
 GPU = "nvidia.com/gpu"
 NOW = 1_000_000.0
@@ -397,6 +397,24 @@ def test_a_resource_the_cluster_queue_does_not_cover_is_no_matching_flavor() -> 
         "couldn't assign flavors to pod set main: resource nvidia.com/gpus unavailable in "
         "ClusterQueue",
     )
+    assert pending_reason(e, granular=True) == api.REASON_NO_MATCHING_FLAVOR
+
+
+def test_a_typo_after_an_assigned_resource_reads_pending() -> None:
+    """The GPU got a100 first, so the pod set has a Fit attempt and none NoFit:
+    resolveNoFitReason finds no reason. Upstream writes that empty reason (the API
+    server refuses it); the lab writes Pending (docs/kueue.md, Bad input)."""
+    typo = pending("w", "a", 1)
+    typo.total_requests = (PodSetResources("main", 1, {GPU: 1, "nvidia.com/gpus": 1}),)
+    e = run(make_cache([cq("a", {"a100": 4})]), typo)["w"]
+    assert e.assignment is not None and e.assignment.mode() == Mode.NO_FIT
+    assert e.reason == ""
+    assert e.message == (
+        "couldn't assign flavors to pod set main: resource nvidia.com/gpus unavailable in "
+        "ClusterQueue"
+    )
+    assert pending_reason(e, granular=True) == api.PENDING
+    assert pending_reason(e, granular=False) == api.PENDING
 
 
 def test_the_least_severe_flavor_of_a_resource_group_names_the_reason() -> None:
