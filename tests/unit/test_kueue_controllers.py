@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 import pytest
-from kueue_fake import FakeKube, new_manager, settle, steps
+from kueue_fake import FakeKube, new_manager, settle, steps, trace
 
 from gpulab.informer import JOBS, NODES, PODS
 from gpulab.kueue import api
@@ -504,6 +504,13 @@ def test_raising_parallelism_of_a_running_job_cannot_escape_quota() -> None:
     settle(m)
     assert kube.obj(JOBS, f"{NS}/grow")["spec"]["suspend"] is True
     assert workload_of(kube, "grow")["metadata"]["uid"] == old["metadata"]["uid"]  # pods left
+    stops = [line for line in trace(log) if line["step"] == "stopJob"]
+    # the learner sees where the lab differs: upstream deletes the Workload at once
+    assert [line["message"] for line in stops] == [
+        "Job suspended: No matching Workload; restoring pod templates according to existent "
+        "Workload (lab: the Workload, and its quota, is kept until the Job's pods are gone; "
+        "upstream deletes it now)"
+    ]
     stop_pods(kube, "grow")
     settle(m)
     j = kube.obj(JOBS, f"{NS}/grow")
