@@ -3,8 +3,11 @@
 Mirrors kubernetes-sigs/kueue v0.19.2 apis/kueue/v1beta1/{clusterqueue,localqueue,
 workload}_conversion.go; Cohort, AdmissionCheck, ResourceFlavor and
 WorkloadPriorityClass have the same schema in both versions. Every function takes and
-returns plain dicts and does not change its input; a malformed request is answered with
-``result.status: Failure`` and a message, never an exception.
+returns plain dicts and does not change its input. The converters check the type of each
+field they read (``spec.flavorFungibility: must be an object``), as upstream's decoder
+refuses a field of the wrong type; a malformed request is answered with
+``result.status: Failure`` and that one line. An exception escaping a converter is a bug:
+the webhook answers it "could not answer", which the fuzz test counts.
 """
 
 from __future__ import annotations
@@ -31,6 +34,24 @@ class ConversionError(ValueError):
     pass
 
 
+def _object(parent: Obj, key: str, path: str) -> Obj | None:
+    """``parent[key]`` when it is an object, None when absent or null (Go decodes null
+    to the zero value); anything else is refused with its field path."""
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConversionError(f"{path}: must be an object")
+    return value
+
+
+def _string(parent: Obj, key: str, path: str) -> str | None:
+    value = parent.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise ConversionError(f"{path}: must be a string")
+
+
 def _rename(d: dict[str, Any], old: str, new: str) -> None:
     if old in d:
         value = d.pop(old)
@@ -42,24 +63,30 @@ def _rename(d: dict[str, Any], old: str, new: str) -> None:
 
 
 def _cq_to_v1beta2(obj: Obj) -> None:
-    spec = obj.get("spec")
+    spec = _object(obj, "spec", "spec")
     if spec:
         _rename(spec, "cohort", "cohortName")
         checks = spec.pop("admissionChecks", None)
+        if checks is not None and (
+            not isinstance(checks, list) or not all(isinstance(n, str) for n in checks)
+        ):
+            raise ConversionError("spec.admissionChecks: must be a list of names")
         if checks:
             spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": n} for n in checks]}
-        fung = spec.get("flavorFungibility")
+        fung = _object(spec, "flavorFungibility", "spec.flavorFungibility")
         if fung:
             # v1beta1's deprecated names for MayStopSearch.
             if fung.get("whenCanBorrow") == "Borrow":
                 fung["whenCanBorrow"] = "MayStopSearch"
             if fung.get("whenCanPreempt") == "Preempt":
                 fung["whenCanPreempt"] = "MayStopSearch"
-    (obj.get("status") or {}).pop("pendingWorkloadsStatus", None)
+    status = _object(obj, "status", "status")
+    if status:
+        status.pop("pendingWorkloadsStatus", None)
 
 
 def _cq_to_v1beta1(obj: Obj) -> None:
-    spec = obj.get("spec")
+    spec = _object(obj, "spec", "spec")
     if spec:
         _rename(spec, "cohortName", "cohort")
         spec.pop("concurrentAdmissionPolicy", None)
@@ -69,14 +96,14 @@ def _cq_to_v1beta1(obj: Obj) -> None:
 
 
 def _lq_to_v1beta2(obj: Obj) -> None:
-    status = obj.get("status")
+    status = _object(obj, "status", "status")
     if status:
         _rename(status, "flavorUsage", "flavorsUsage")
         status.pop("flavors", None)
 
 
 def _lq_to_v1beta1(obj: Obj) -> None:
-    status = obj.get("status")
+    status = _object(obj, "status", "status")
     if status:
         _rename(status, "flavorsUsage", "flavorUsage")
 
@@ -85,10 +112,12 @@ def _lq_to_v1beta1(obj: Obj) -> None:
 
 
 def _wl_to_v1beta2(obj: Obj) -> None:
-    spec = obj.get("spec")
+    spec = _object(obj, "spec", "spec")
     if spec:
-        name = spec.pop("priorityClassName", None)
-        source = spec.pop("priorityClassSource", None)
+        name = _string(spec, "priorityClassName", "spec.priorityClassName")
+        source = _string(spec, "priorityClassSource", "spec.priorityClassSource")
+        spec.pop("priorityClassName", None)
+        spec.pop("priorityClassSource", None)
         if name and source == _WPC_SOURCE:
             spec["priorityClassRef"] = {
                 "group": api.GROUP,
@@ -101,7 +130,7 @@ def _wl_to_v1beta2(obj: Obj) -> None:
                 "kind": "PriorityClass",
                 "name": name,
             }
-    status = obj.get("status")
+    status = _object(obj, "status", "status")
     if status:
         # v1beta1 spells it with a typo upstream.
         _rename(
@@ -110,18 +139,20 @@ def _wl_to_v1beta2(obj: Obj) -> None:
 
 
 def _wl_to_v1beta1(obj: Obj) -> None:
-    spec = obj.get("spec")
+    spec = _object(obj, "spec", "spec")
     if spec:
-        ref = spec.pop("priorityClassRef", None)
+        ref = _object(spec, "priorityClassRef", "spec.priorityClassRef")
+        spec.pop("priorityClassRef", None)
         if ref:
+            name = _string(ref, "name", "spec.priorityClassRef.name") or ""
             if ref.get("group") == api.GROUP and ref.get("kind") == "WorkloadPriorityClass":
                 spec["priorityClassSource"] = _WPC_SOURCE
-                spec["priorityClassName"] = ref.get("name", "")
+                spec["priorityClassName"] = name
             elif ref.get("group") == "scheduling.k8s.io" and ref.get("kind") == "PriorityClass":
                 spec["priorityClassSource"] = _POD_PC_SOURCE
-                spec["priorityClassName"] = ref.get("name", "")
+                spec["priorityClassName"] = name
         spec.pop("preemptionGates", None)
-    status = obj.get("status")
+    status = _object(obj, "status", "status")
     if status:
         _rename(
             status, "accumulatedPastExecutionTimeSeconds", "accumulatedPastExexcutionTimeSeconds"
@@ -153,6 +184,15 @@ _TO_V1BETA1: Mapping[str, Callable[[Obj], None]] = {
 }
 
 
+def _name(obj: Obj) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        return "(no name)"
+    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    return f"{namespace}/{name}" if isinstance(namespace, str) and namespace else name
+
+
 def convert(obj: Any, desired_api_version: str) -> Obj:
     """One object converted to ``desired_api_version`` (v1beta1 <-> v1beta2)."""
     if not isinstance(obj, Mapping):
@@ -166,17 +206,16 @@ def convert(obj: Any, desired_api_version: str) -> Obj:
         return out
     if kind not in _TO_V1BETA2:
         raise ConversionError(f"unsupported kind {kind!r}")
+    if (source, desired_api_version) == (V1BETA1, V1BETA2):
+        converter = _TO_V1BETA2[kind]
+    elif (source, desired_api_version) == (V1BETA2, V1BETA1):
+        converter = _TO_V1BETA1[kind]
+    else:
+        raise ConversionError(f"cannot convert {kind} from {source!r} to {desired_api_version!r}")
     try:
-        if (source, desired_api_version) == (V1BETA1, V1BETA2):
-            _TO_V1BETA2[kind](out)
-        elif (source, desired_api_version) == (V1BETA2, V1BETA1):
-            _TO_V1BETA1[kind](out)
-        else:
-            raise ConversionError(
-                f"cannot convert {kind} from {source!r} to {desired_api_version!r}"
-            )
-    except (AttributeError, TypeError) as exc:
-        raise ConversionError(f"malformed {kind}: {exc}") from exc
+        converter(out)
+    except ConversionError as exc:
+        raise ConversionError(f"{kind} {_name(out)}: {exc}") from None
     out["apiVersion"] = desired_api_version
     return out
 

@@ -291,5 +291,10 @@ def settle(m: Manager, rounds: int = 50) -> None:
     raise AssertionError("the controllers did not settle")
 
 
+def trace(log: io.StringIO) -> list[dict[str, Any]]:
+    """The trace lines the manager wrote (step, object, message, ...)."""
+    return [json.loads(line) for line in log.getvalue().splitlines()]
+
+
 def steps(log: io.StringIO) -> list[str]:
-    return [json.loads(line)["step"] for line in log.getvalue().splitlines()]
+    return [line["step"] for line in trace(log)]

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 import pytest
-from kueue_fake import FakeKube, new_manager, settle, steps
+from kueue_fake import FakeKube, new_manager, settle, steps, trace
 
 from gpulab.informer import JOBS, NODES, PODS
 from gpulab.kueue import api
@@ -504,6 +504,13 @@ def test_raising_parallelism_of_a_running_job_cannot_escape_quota() -> None:
     settle(m)
     assert kube.obj(JOBS, f"{NS}/grow")["spec"]["suspend"] is True
     assert workload_of(kube, "grow")["metadata"]["uid"] == old["metadata"]["uid"]  # pods left
+    stops = [line for line in trace(log) if line["step"] == "stopJob"]
+    # the learner sees where the lab differs: upstream deletes the Workload at once
+    assert [line["message"] for line in stops] == [
+        "Job suspended: No matching Workload; restoring pod templates according to existent "
+        "Workload (lab: the Workload, and its quota, is kept until the Job's pods are gone; "
+        "upstream deletes it now)"
+    ]
     stop_pods(kube, "grow")
     settle(m)
     j = kube.obj(JOBS, f"{NS}/grow")
@@ -827,6 +834,60 @@ def test_a_preempted_single_pod_workload_is_not_requeued() -> None:
     requeued = condition(low, api.REQUEUED)
     assert (requeued["status"], requeued["reason"]) == ("False", api.EVICTED_BY_PREEMPTION)
     assert not wlutil.has_quota_reservation(low)
+
+
+def test_a_gated_pod_gets_podset_and_queue_labels_and_a_conflict_fails_to_start() -> None:
+    """The Pod path of startJob (pod_controller.go ``Run`` → ``prepare``): an admitted
+    Pod is ungated with the podset and queue labels; a Pod given nodeSelector gpu=h100
+    while gated (an addition the API server allows) cannot take the a100 flavor's
+    gpu=a100, so its Workload finishes FailedToStart and the Pod stays gated."""
+    kube = FakeKube()
+    setup(kube, admissionChecksStrategy={"admissionChecks": [{"name": "gpus-healthy"}]})
+    kube.add(
+        kc.ADMISSION_CHECKS,
+        {
+            "metadata": {"name": "gpus-healthy"},
+            "spec": {"controllerName": "gpulab.io/gpus-healthy"},
+        },
+    )
+    node = {
+        "metadata": {"name": "n1", "labels": {"gpu": "a100"}},
+        "status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "7"}},
+    }
+    kube.add(NODES, node)
+    m, log = new_manager(kube)
+    kube.add(PODS, queued_pod("ok", 1))
+    kube.add(PODS, queued_pod("moved", 1))
+    settle(m)
+    moved_pod = kube.obj(PODS, f"{NS}/moved")
+    uid = moved_pod["metadata"]["uid"]
+    moved_key = f"{NS}/{wlutil.workload_name('moved', uid, 'Pod', '')}"
+    assert wlutil.has_quota_reservation(kube.obj(kc.WORKLOADS, moved_key))
+    kube.patch(PODS, moved_pod, {"spec": {"nodeSelector": {"gpu": "h100"}}})
+    kube.patch_status(NODES, kube.obj(NODES, "n1"), {"status": {"allocatable": {GPU: "8"}}})
+    settle(m)
+    ok = kube.obj(PODS, f"{NS}/ok")
+    assert not ok["spec"].get("schedulingGates")
+    assert ok["spec"]["nodeSelector"] == {"gpu": "a100"}
+    assert ok["metadata"]["labels"] == {
+        api.QUEUE_LABEL: "lq",
+        api.MANAGED_LABEL: "true",
+        api.PODSET_LABEL: "main",
+        api.LOCAL_QUEUE_LABEL: "lq",
+        api.CLUSTER_QUEUE_LABEL: "cq",
+    }
+    moved = kube.obj(kc.WORKLOADS, moved_key)
+    finished = condition(moved, api.FINISHED)
+    assert (finished["status"], finished["reason"]) == ("True", api.FINISHED_FAILED_TO_START)
+    assert finished["message"] == (
+        "invalid admission check PodSetUpdate: conflict for nodeSelector: "
+        "conflict for key=gpu, value1=h100, value2=a100"
+    )
+    moved_pod = kube.obj(PODS, f"{NS}/moved")
+    assert moved_pod["spec"]["schedulingGates"] == [{"name": api.ADMISSION_GATE}]
+    assert moved_pod["spec"]["nodeSelector"] == {"gpu": "h100"}
+    assert not m.cache.is_added(moved_key)
+    assert "FinishWorkload" in steps(log)
 
 
 # -- StrictFIFO --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from gpulab.kueue.model import (
 )
 from gpulab.kueue.preemption import Preemptor
 from gpulab.kueue.queue import Head, RequeueReason
-from gpulab.kueue.scheduler import Entry, Status, schedule
+from gpulab.kueue.scheduler import Entry, Status, pending_reason, schedule
 
 GPU = "nvidia.com/gpu"
 NOW = 1_000_000.0
@@ -397,6 +397,24 @@ def test_a_resource_the_cluster_queue_does_not_cover_is_no_matching_flavor() -> 
         "couldn't assign flavors to pod set main: resource nvidia.com/gpus unavailable in "
         "ClusterQueue",
     )
+    assert pending_reason(e, granular=True) == api.REASON_NO_MATCHING_FLAVOR
+
+
+def test_a_typo_after_an_assigned_resource_reads_pending() -> None:
+    """The GPU got a100 first, so the pod set has a Fit attempt and none NoFit:
+    resolveNoFitReason finds no reason. Upstream writes that empty reason (the API
+    server refuses it); the lab writes Pending (docs/kueue.md, Bad input)."""
+    typo = pending("w", "a", 1)
+    typo.total_requests = (PodSetResources("main", 1, {GPU: 1, "nvidia.com/gpus": 1}),)
+    e = run(make_cache([cq("a", {"a100": 4})]), typo)["w"]
+    assert e.assignment is not None and e.assignment.mode() == Mode.NO_FIT
+    assert e.reason == ""
+    assert e.message == (
+        "couldn't assign flavors to pod set main: resource nvidia.com/gpus unavailable in "
+        "ClusterQueue"
+    )
+    assert pending_reason(e, granular=True) == api.PENDING
+    assert pending_reason(e, granular=False) == api.PENDING
 
 
 def test_the_least_severe_flavor_of_a_resource_group_names_the_reason() -> None:
@@ -412,6 +430,48 @@ def test_the_least_severe_flavor_of_a_resource_group_names_the_reason() -> None:
     assert e.reason == api.REASON_WAITING_FOR_QUOTA
     assert "insufficient quota for nvidia.com/gpu in flavor a100" in e.message
     assert "insufficient unused quota for nvidia.com/gpu in flavor h100, 2 more needed" in e.message
+
+
+def test_across_resource_groups_the_most_severe_reason_wins() -> None:
+    """Two resource groups are co-requisites: the GPU group finds a100 after h100 is
+    WaitingForQuota (the lender's h100 is in use), then the cpu group's only flavor can
+    never hold 2 CPUs (ExceedsMaxQuota). resolveNoFitReason takes the least severe
+    reason within a group and the most severe across groups: ExceedsMaxQuota. The GPU
+    is requested first, the order upstream tries them in too (resources sorted by
+    FNV-1a hash under VectorizedResourceRequests, Beta and on in v0.19)."""
+
+    def two_groups(name: str, h100: int, a100: int, cpus: int) -> ClusterQueue:
+        return ClusterQueue(
+            name=name,
+            resource_groups=(
+                ResourceGroup((GPU,), ("h100", "a100")),
+                ResourceGroup(("cpu",), ("default",)),
+            ),
+            quotas={
+                FlavorResource("h100", GPU): Quota(h100),
+                FlavorResource("a100", GPU): Quota(a100),
+                FlavorResource("default", "cpu"): Quota(cpus),
+            },
+            cohort="t",
+            namespace_selector={},
+        )
+
+    queues = [two_groups("a", 0, 4, 1000), two_groups("b", 4, 0, 0)]
+    cache = make_cache(queues, [admitted("b-4", "b", "h100", 4)])
+    wl = pending("w", "a", 2)
+    wl.total_requests = (PodSetResources("main", 1, {GPU: 2, "cpu": 2000}),)
+    e = run(cache, wl)["w"]
+    assert e.assignment is not None and e.assignment.mode() == Mode.NO_FIT
+    attempts = {
+        a.flavor: (a.mode, a.no_fit_reason) for a in e.assignment.pod_sets[0].attempts.values()
+    }
+    assert attempts == {
+        "h100": (Mode.NO_FIT, api.REASON_WAITING_FOR_QUOTA),
+        "a100": (Mode.FIT, ""),
+        "default": (Mode.NO_FIT, api.REASON_EXCEEDS_MAX_QUOTA),
+    }
+    assert e.reason == api.REASON_EXCEEDS_MAX_QUOTA
+    assert "insufficient quota for cpu in flavor default" in e.message
 
 
 # -- a ClusterQueue covering pods (flavorassigner.go assignFlavors) -------------------------
@@ -456,9 +516,10 @@ def cpu_admitted(name: str, queue: str, millis: int, priority: int = 0) -> Workl
     return wl
 
 
-FAIR_CASES = {
+FAIR_CASES: dict[str, tuple[Any, ...]] = {
     # upstream case name: (admitted (name, queue, millicores, priority), incoming
-    # (queue, millicores), strategies, expected {victim: reason})
+    # (queue, millicores), strategies, expected {victim: reason}[, quota of the
+    # "preemptible" queue in millicores, 0 when left out])
     "reclaim borrowable quota from user using the most": (
         [(f"a{i}", "a", 1000, 0) for i in (1, 2, 3)]
         + [(f"b{i}", "b", 1000, 0) for i in (1, 2, 3, 4, 5)]
@@ -498,22 +559,36 @@ FAIR_CASES = {
         (),
         {"b1": api.IN_COHORT_FAIR_SHARING, "c1": api.IN_COHORT_FAIR_SHARING},
     ),
+    # The lab's own case in upstream's setting: b and c both borrow from the lender
+    # ("preemptible", 6 CPUs), b more (3 CPUs above nominal against c's 2), and either victim
+    # alone satisfies LessThanOrEqualToFinalShare; TargetClusterQueueOrdering
+    # (fairsharing/ordering.go nextTarget) visits the highest share first, so b1 goes.
+    "take from the queue borrowing the most when two borrow": (
+        [(f"a{i}", "a", 1000, 0) for i in (1, 2, 3)]
+        + [(f"b{i}", "b", 1000, 0) for i in range(1, 7)]
+        + [(f"c{i}", "c", 1000, 0) for i in range(1, 6)],
+        ("a", 1000),
+        (),
+        {"b1": api.IN_COHORT_FAIR_SHARING},
+        6000,
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(FAIR_CASES))
 def test_fair_sharing_preemption_as_upstream(case: str) -> None:
     """Cases of upstream's TestFairPreemptions: queues a, b, c (3 CPUs each, reclaim Any,
-    borrowWithinCohort LowerPriority below -3) and "preemptible" (0) in one cohort; the
-    preemptor borrows, so the strategies decide and the borrowing queues are tried in
-    order of share. The snapshot is unchanged afterwards."""
-    running, (queue, millis), strategies, want = FAIR_CASES[case]
+    borrowWithinCohort LowerPriority below -3) and "preemptible" (0 unless the case gives
+    a quota) in one cohort; the preemptor borrows, so the strategies decide and the
+    borrowing queues are tried in order of share. The snapshot is unchanged afterwards."""
+    running, (queue, millis), strategies, want, *rest = FAIR_CASES[case]
+    lender_quota = rest[0] if rest else 0
     policy = Preemption(api.LOWER_PRIORITY, api.ANY, api.LOWER_PRIORITY, -3)
     queues = [
         cq(name, {"default": 3000}, cohort="all", resource="cpu", preemption=policy)
         for name in ("a", "b", "c")
     ]
-    queues.append(cq("preemptible", {"default": 0}, cohort="all", resource="cpu"))
+    queues.append(cq("preemptible", {"default": lender_quota}, cohort="all", resource="cpu"))
     cache = make_cache(queues, [cpu_admitted(*r) for r in running])
     snapshot = cache.snapshot()
 

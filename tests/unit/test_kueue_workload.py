@@ -272,14 +272,34 @@ def test_admission_check_pod_set_updates_reach_the_template_and_conflicts_refuse
 
 
 def test_pod_ungate_removes_only_the_admission_gate() -> None:
+    """A plain Pod is started as upstream's pod_controller.go ``prepare`` does: the
+    admission gate removed, the flavor's node labels merged in, and the labels of
+    getPodSetsInfoFromStatus (the pod set, and with AssignQueueLabelsForPods the
+    LocalQueue and ClusterQueue); the Pod's own queue-name label stays."""
     pod = {
-        "metadata": {"name": "p", "namespace": "n"},
+        "metadata": {
+            "name": "p",
+            "namespace": "n",
+            "uid": "pod-uid",
+            "labels": {api.QUEUE_LABEL: "user-queue", "app": "x"},
+        },
         "spec": {"schedulingGates": [{"name": api.ADMISSION_GATE}, {"name": "other"}]},
     }
-    wl = reserve(job_workload(job()))
+    ref = jobs.ref_for_pod(pod)
+    pod_sets = [{"name": api.DEFAULT_POD_SET, "count": 1, "template": jobs.pod_template(pod)}]
+    wl = jobs.new_workload(ref, [pod], jobs.queue_name(pod), pod_sets, 0, None)
+    wl = reserve(wl)
     out = jobs.pod_ungate(pod, wl, {"spot": model.Flavor("spot", node_labels={"a": "b"})})
     assert out["spec"]["schedulingGates"] == [{"name": "other"}]
     assert out["spec"]["nodeSelector"] == {"a": "b"}
+    assert out["metadata"]["labels"] == {
+        api.QUEUE_LABEL: "user-queue",
+        "app": "x",
+        api.PODSET_LABEL: "main",
+        api.LOCAL_QUEUE_LABEL: "user-queue",
+        api.CLUSTER_QUEUE_LABEL: "cq",
+    }
+    assert pod["metadata"]["labels"] == {api.QUEUE_LABEL: "user-queue", "app": "x"}
 
 
 def test_pod_group_finishes_when_all_pods_ended_serving_when_all_are_gone() -> None:

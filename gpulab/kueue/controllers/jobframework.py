@@ -55,6 +55,12 @@ Obj = dict[str, Any]
 NOT_READY = "Not all pods are ready or succeeded"
 RECOVERING = "At least one pod has failed, waiting for recovery"
 READY = "All pods reached readiness and the workload is running"
+# upstream's stopJob message, with the lab's difference where a learner meets it
+NO_MATCH_STOP = (
+    "No matching Workload; restoring pod templates according to existent Workload "
+    "(lab: the Workload, and its quota, is kept until the Job's pods are gone; "
+    "upstream deletes it now)"
+)
 
 
 class JobReconciler:
@@ -259,7 +265,7 @@ class JobReconciler:
                 job,
                 wl,
                 jref,
-                "No matching Workload; restoring pod templates according to existent Workload",
+                NO_MATCH_STOP,
             )
             if jobsutil.job_restore_patch(job, wl) is not None:
                 return None  # restored once its pods are gone; the Job's update brings it back
