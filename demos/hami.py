@@ -65,6 +65,12 @@ PRIORITY = "nvidia.com/priority"
 MIG_NODE = "gpu-a100-mig"  # HAMi's MIG mode (operatingmode mig in its config.json)
 SPEC = "hami"  # the default cluster's device plugins do not register GPUs for HAMi
 MIB = 2**20
+# after the smi pod's nvidia-smi (fake-gpu/README.md, "HAMi-core")
+SMI_LABEL = (
+    "    (lab) used stays 0MiB: HAMi-core counts only what the container's own CUDA calls "
+    "allocate, and no CUDA runs here; CUDA_DEVICE_SM_LIMIT throttles the container's kernel "
+    "launches in HAMi-core's CUDA hooks and has no nvidia-smi face"
+)
 
 Obj = dict[str, Any]
 
@@ -396,6 +402,7 @@ def _smi_scene(api: client.ApiClient, backend: Backend) -> str:
     console.print("    kubectl logs smi (nvidia-smi inside the container):")
     for line in log.splitlines():
         console.print(f"      [dim]{line}[/dim]")
+    console.print(SMI_LABEL)
     return log
 
 

@@ -30,8 +30,9 @@ Events and conditions, Kueue v0.19.2 (``kueue.x-k8s.io/v1beta2``), Volcano v1.15
 (``scheduling.volcano.sh/v1beta1``), scheduler-plugins v0.35.4 Coscheduling
 (``scheduling.x-k8s.io/v1alpha1``), HAMi v2.10.0 annotations, k8s-device-plugin v0.20.0
 and NVIDIA mig-parted v0.15.0's ``nvidia.com/mig.config`` / ``mig.config.state`` labels
-with the config the MIG manager built (``<node>-mig-config``, else gpu-operator v26.7.0's
-``default-mig-parted-config``) and operand labels.
+with the config the MIG manager reads (the ClusterPolicy's custom
+``spec.migManager.config.name``, else the one it built, ``<node>-mig-config``, else
+gpu-operator v26.7.0's ``default-mig-parted-config``) and operand labels.
 
 A link is ``ok``, ``broken`` (the chain stops here), ``waiting`` (in progress, nothing is
 wrong yet), ``blocked`` (this step decided rightly; the cause is further down the chain),
@@ -58,6 +59,7 @@ from gpulab.diagnose.objects import (
     Target,
     annotations,
     condition,
+    custom_mig_config,
     event_time,
     events_about,
     find,
@@ -81,6 +83,7 @@ from gpulab.framework.predicates import (
 )
 from gpulab.framework.resources import is_extended_resource_name, pod_request, pod_requests
 from gpulab.framework.snapshot import new_snapshot
+from gpulab.gpuoperator.api import MIG_PARTED_DEFAULT_CONFIGMAP
 from gpulab.gpuoperator.migmanager import node_configmap_name
 
 OK, BROKEN, WAITING, BLOCKED, SKIPPED = "ok", "broken", "waiting", "blocked", "skipped"
@@ -99,7 +102,6 @@ MIG_STRATEGY = "nvidia.com/mig.strategy"
 MIG_PREFIX = "nvidia.com/mig-"
 GPU_PRODUCT = "nvidia.com/gpu.product"
 OPERATOR_MANAGED_BY = "gpu-operator"  # the label the GPU Operator puts on its operands' pods
-MIG_PARTED_CONFIGMAP = "default-mig-parted-config"
 DP_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 ALLOCATE_PREFIX = "gpulab.io/allocate-"
 SYSTEM_NAMESPACE = "gpulab-system"
@@ -1784,10 +1786,17 @@ def _stale_plugin(node: Obj, plugin: Obj, evidence: list[str]) -> Link:
 
 
 def _mig_config_map(objs: ObjectSet, node: str) -> Obj | None:
-    """The mig-parted config the node's MIG manager reads: the one it built from the
-    node's GPUs (``<node>-mig-config``), else the operator's default (its fallback)."""
+    """The mig-parted config the node's MIG manager reads: the custom one the ClusterPolicy
+    names (``spec.migManager.config.name``; None when it was not read: no other config is
+    in force then), else the one it built from the node's GPUs (``<node>-mig-config``),
+    else the operator's default (its fallback)."""
+    custom = custom_mig_config(objs.cluster_policies)
+    if custom:
+        return next((c for c in objs.configmaps if name_of(c) == custom), None)
     own = next((c for c in objs.configmaps if name_of(c) == node_configmap_name(node)), None)
-    return own or next((c for c in objs.configmaps if name_of(c) == MIG_PARTED_CONFIGMAP), None)
+    return own or next(
+        (c for c in objs.configmaps if name_of(c) == MIG_PARTED_DEFAULT_CONFIGMAP), None
+    )
 
 
 def _layout_profiles(cm: Obj | None, config: str) -> set[str]:

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpulab.gpuoperator import api as gpuoperator
+
 Obj = dict[str, Any]
 
 KINDS = ("pod", "workload", "clusterqueue", "podgroup", "node")
@@ -66,6 +68,8 @@ class ObjectSet:
     volcano_queues: list[Obj] = field(default_factory=list)
     volcano_jobs: list[Obj] = field(default_factory=list)  # batch.volcano.sh/v1alpha1 Jobs
     coscheduling_podgroups: list[Obj] = field(default_factory=list)
+    # GPU Operator (nvidia.com/v1): the ClusterPolicy names the MIG manager's custom config
+    cluster_policies: list[Obj] = field(default_factory=list)
     probes: dict[str, str] = field(default_factory=dict)
     # API groups the cluster serves (a chapter not installed is not a broken link)
     installed: list[str] = field(default_factory=list)
@@ -170,3 +174,17 @@ def reporter(e: Mapping[str, Any]) -> str:
 
 def message(e: Mapping[str, Any]) -> str:
     return str(e.get("message") or e.get("note") or "")
+
+
+def custom_mig_config(policies: Iterable[Obj]) -> str:
+    """The ConfigMap the GPU Operator's ClusterPolicy (the singleton) names in
+    ``spec.migManager.config.name`` for the MIG manager (gpu-operator v26.7.0: mounted
+    and named by CONFIG_FILE, so mig-manager builds no ``<node>-mig-config``), or ""."""
+    policy = gpuoperator.singleton(list(policies))
+    if policy is None:
+        return ""
+    mig = gpuoperator.component(gpuoperator.spec_of(policy), "migManager")
+    name, custom = gpuoperator.configmap_name(
+        mig.get("config"), gpuoperator.MIG_PARTED_DEFAULT_CONFIGMAP
+    )
+    return name if custom else ""

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpulab.diagnose.objects import Obj, ObjectSet, Target
+from gpulab.diagnose.objects import Obj, ObjectSet, Target, custom_mig_config
+from gpulab.gpuoperator.api import MIG_PARTED_DEFAULT_CONFIGMAP
 from gpulab.gpuoperator.migmanager import NODE_CONFIGMAP_LABELS
 
 PROBE_TIMEOUT = 2.0
@@ -30,8 +31,8 @@ CUSTOM = (
     ("volcano_queues", "scheduling.volcano.sh", "v1beta1", "queues", False),
     ("volcano_jobs", "batch.volcano.sh", "v1alpha1", "jobs", True),
     ("coscheduling_podgroups", "scheduling.x-k8s.io", "v1alpha1", "podgroups", True),
+    ("cluster_policies", "nvidia.com", "v1", "clusterpolicies", False),
 )
-MIG_PARTED_CONFIGMAP = "default-mig-parted-config"
 
 
 def _plain(api: client.ApiClient, obj: Any) -> Obj:
@@ -83,27 +84,6 @@ def read(api: client.ApiClient, target: Target) -> ObjectSet:
     objs.validating_webhooks = _items(api, adm.list_validating_webhook_configuration) or []
     coord = client.CoordinationV1Api(api)
     objs.leases = _items(api, lambda: coord.list_namespaced_lease("kube-system")) or []
-    # the MIG manager's configs: the operator's default and each node's <node>-mig-config
-    objs.configmaps = [
-        *(
-            _items(
-                api,
-                lambda: core.list_config_map_for_all_namespaces(
-                    field_selector=f"metadata.name={MIG_PARTED_CONFIGMAP}"
-                ),
-            )
-            or []
-        ),
-        *(
-            _items(
-                api,
-                lambda: core.list_config_map_for_all_namespaces(
-                    label_selector=",".join(f"{k}={v}" for k, v in NODE_CONFIGMAP_LABELS.items())
-                ),
-            )
-            or []
-        ),
-    ]
     custom = client.CustomObjectsApi(api)
     for attr, group, version, plural, namespaced in CUSTOM:
         scoped = ns if namespaced else ""
@@ -113,6 +93,18 @@ def read(api: client.ApiClient, target: Target) -> ObjectSet:
             setattr(objs, attr, items)
             if f"{group}/{version}" not in objs.installed:
                 objs.installed.append(f"{group}/{version}")
+    # the MIG manager's configs: the one the ClusterPolicy names (spec.migManager.config),
+    # the operator's default and each node's <node>-mig-config
+    custom_config = custom_mig_config(objs.cluster_policies)
+    names = dict.fromkeys(n for n in (custom_config, MIG_PARTED_DEFAULT_CONFIGMAP) if n)
+    selectors = [{"field_selector": f"metadata.name={n}"} for n in names]
+    selectors.append(
+        {"label_selector": ",".join(f"{k}={v}" for k, v in NODE_CONFIGMAP_LABELS.items())}
+    )
+    for selector in selectors:
+        objs.configmaps += (
+            _items(api, lambda s=selector: core.list_config_map_for_all_namespaces(**s)) or []
+        )
     objs.probes = probe_webhooks(objs)
     return objs
 

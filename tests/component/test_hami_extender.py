@@ -26,8 +26,8 @@ from kubernetes.client import ApiClient
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpulab.deviceplugin.hami import HamiAllocator
-from gpulab.deviceplugin.rm import Device
+from gpulab.deviceplugin.hami import HamiAllocator, plugin_devices
+from gpulab.deviceplugin.rm import GPUInfo
 from gpulab.hami import annotations as ann
 from gpulab.hami import bind as bind_mod
 from gpulab.hami import events as ev
@@ -144,13 +144,12 @@ class World:
         plugin = HamiAllocator(
             None, node, Tracer("device-plugin", None, stream=io.StringIO()), cluster=self.cluster
         )  # type: ignore[arg-type]
-        devices = {
-            f"GPU-{node}-0{g}::{n}": Device(
-                f"GPU-{node}-0{g}::{n}", f"GPU-{node}-0{g}", g, (f"/dev/nvidia{g}",), 0, n
-            )
+        gpus = [
+            GPUInfo(g, f"GPU-{node}-0{g}", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), g, 0)
             for g in range(2)
-            for n in range(10)
-        }
+        ]  # the fixture registers gpu-node-1 so
+        # HAMi's GetPluginDevices: 10 IDs <uuid>-<n> per GPU (deviceSplitCount)
+        devices = {d.id: d for d in plugin_devices(gpus, 10, numa_topology=False)}
         pod = plugin.pending_pod()
         shares = [
             c

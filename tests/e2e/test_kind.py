@@ -198,7 +198,8 @@ def test_hami_places_a_vgpu_pod_and_its_container_gets_the_limits(
     kind: Cluster, hami_ns: str
 ) -> None:
     """webhook → hami-scheduler (the stock kube-scheduler) → /filter, /bind → HAMi's device
-    plugin's Allocate through the real kubelet: the container gets one T4 and its share."""
+    plugin's Allocate through the real kubelet: the container gets one T4 and its share,
+    and its own nvidia-smi shows HAMi-core's view: the limit as the GPU's memory."""
     from demos import hami as demo
     from gpulab.hami import annotations as ha
 
@@ -223,6 +224,10 @@ def test_hami_places_a_vgpu_pod_and_its_container_gets_the_limits(
     assert envs["NVIDIA_VISIBLE_DEVICES"] == card.uuid
     assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
     assert envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    # the pod's image is the stand-in (docs/backends.md): its nvidia-smi is the shim's, which
+    # applies CUDA_DEVICE_MEMORY_LIMIT_0 as HAMi-core's NVML hook does; nothing allocated
+    smi = kind.backend.exec(hami_ns, "vgpu", "cuda", ["nvidia-smi"])
+    assert "0MiB / 3000MiB" in smi and demo.smi_total_mib(smi) == [3000], smi
     assert demo.annotations(pod)[ha.BIND_PHASE] == ha.BIND_SUCCESS
 
 

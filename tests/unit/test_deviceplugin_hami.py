@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
+from gpulab.deviceplugin import main
 from gpulab.deviceplugin.allocate import AllocationError
 from gpulab.deviceplugin.config import Config
 from gpulab.deviceplugin.hami import (
@@ -255,3 +257,61 @@ def test_an_xid_takes_every_id_of_the_gpu_out_in_hami_mode() -> None:
     down = {d.ID for d in listed if d.health == "Unhealthy"}
     assert down == {f"{gpus[1].uuid}-{n}" for n in range(10)}
     assert not plugin.healthy(gpus[1].uuid) and plugin.healthy(gpus[0].uuid)
+
+
+class _FakePlugin:
+    """NvidiaDevicePlugin's surface the manager uses (no gRPC, no kubelet)."""
+
+    def __init__(self, resource: Any, *args: Any, **kw: Any) -> None:
+        self.resource = resource
+
+    def Start(self) -> None:
+        pass
+
+    def Stop(self) -> None:
+        pass
+
+    def healthy(self, uuid: str) -> bool:
+        return True
+
+
+class _FakeRegistrar:
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def poke(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("hami", [False, True])
+def test_the_manager_writes_gfd_labels_only_outside_hami_mode(
+    hami: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """HAMi v2.10.0's device plugin writes no GFD label (no gpu.product, no
+    gpu.sharing-strategy=time-slicing); k8s-device-plugin with GFD does. Two starts: a
+    restart (a new kubelet.sock, SIGHUP) labels nothing in HAMi mode either."""
+    patches: list[tuple[str, dict]] = []
+    monkeypatch.setattr(main.nvml, "read_inventory", lambda: GPUS)
+    monkeypatch.setattr(main, "NvidiaDevicePlugin", _FakePlugin)
+    monkeypatch.setattr(main, "HamiRegistrar", _FakeRegistrar)
+    monkeypatch.setattr(main, "HamiAllocator", lambda *args, **kw: object())
+    monkeypatch.setattr(
+        main, "label_node", lambda api, node, labels: patches.append((node, labels))
+    )
+    opts = main.Options(NODE, tmp_path, hami=hami)
+    manager = main.PluginManager(opts, client.ApiClient(), Tracer("dp", None, stream=io.StringIO()))
+    for _ in range(2):
+        assert manager.start_plugins()
+        manager.stop_plugins()
+    manager.stop()
+    if hami:
+        assert patches == []
+    else:
+        assert len(patches) == 2 and patches[0][0] == NODE
+        assert patches[0][1]["nvidia.com/gpu.sharing-strategy"] == "none"

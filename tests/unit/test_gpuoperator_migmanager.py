@@ -5,6 +5,7 @@ setState resumes, what it leaves paused, where Run returns without setState, WIT
 
 from __future__ import annotations
 
+import threading
 import types
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from test_gpuoperator_migparted import a100_40, t4
 
@@ -418,6 +420,31 @@ def test_after_a_reboot_a_mode_that_did_not_change_fails(shipped: Path) -> None:
     assert (state, run.reboots) == (mm.FAILED, 0)
     assert steps[-1]["message"].endswith("MIG mode change did not take effect after rebooting")
     assert core.labels[DP] == "true" and nvml.calls == []
+
+
+def test_a_reboot_traces_it_and_sets_the_stop_event_so_run_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WITH_REBOOT's ``chroot /host reboot``, simulated: the process's run() returns (its
+    container restarts, as after the node's reboot)."""
+    steps = Steps()
+    opts = mm.Options(NODE, NS, with_reboot=True)
+    manager = mm.MigManager(client.ApiClient(), opts, steps)  # type: ignore[arg-type]
+    started = threading.Event()
+    monkeypatch.setattr(manager, "setup", started.set)  # no NVML, no API
+    monkeypatch.setattr(manager.informer, "start", lambda: None)
+    monkeypatch.setattr(manager.informer, "stop", lambda: None)
+    stop = threading.Event()  # the process's: a signal sets it, or the reboot
+    runner = threading.Thread(target=manager.run, args=(stop,), daemon=True)
+    runner.start()
+    assert started.wait(5)
+    runner.join(timeout=0.2)
+    assert runner.is_alive() and not stop.is_set()  # run() waits
+    manager.reboot()
+    runner.join(timeout=5)
+    assert stop.is_set() and not runner.is_alive()
+    assert [s["step"] for s in steps] == ["reboot"]
+    assert steps[0]["message"].startswith("Rebooting the node...")
 
 
 def test_the_pause_and_resume_values() -> None:

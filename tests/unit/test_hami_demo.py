@@ -1,11 +1,18 @@
 """The HAMi demo's narration (demos/hami.py) credits each annotation to the step that
 writes it in v2.10.0: Filter the choice (node and both device annotations), Bind the phase
-and time, Allocate the envs."""
+and time, Allocate the envs; after the smi pod's nvidia-smi a lab label says why used stays
+0MiB and where the SM limit acts."""
 
 from __future__ import annotations
 
 import json
+import types
+from typing import Any
 
+import pytest
+
+from demos import hami as demo
+from demos.common import console
 from demos.hami import allocation_lines, smi_migs, smi_total_mib
 from gpulab.fakegpu import inventory, profiles
 from gpulab.fakegpu.smi import Row, format_list, format_table
@@ -55,3 +62,42 @@ def test_the_demo_reads_nvidia_smi_as_printed() -> None:
     assert listing[gpus[0].uuid] == [(m.profile, m.uuid) for m in gpus[0].migs]
     assert [p for p, _ in listing[gpus[0].uuid]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
     assert len(listing) == 8
+
+
+SMI_LOG = """\
++-----------------------------------------+------------------------+----------------------+
+|   0  Tesla T4                        On | 00000000:0F:00.0   Off |                    0 |
+| N/A   31C    P0              N/A /  N/A |         0MiB / 3000MiB | 0%           Default |
++-----------------------------------------+------------------------+----------------------+
+"""  # fake-nvidia-smi's table, cut (what HAMi-core's limit shows)
+
+
+class FakeCore:
+    """The smi pod's API: created, then read back Succeeded with its log."""
+
+    def __init__(self, _api: Any = None) -> None:
+        self.created: list[dict] = []
+
+    def create_namespaced_pod(self, ns: str, body: dict) -> None:
+        self.created.append(body)
+
+    def read_namespaced_pod_log(self, name: str, ns: str, **kw: Any) -> Any:
+        return types.SimpleNamespace(data=SMI_LOG.encode())
+
+
+def test_the_smi_scene_labels_used_0mib_and_the_sm_limit_after_the_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(demo.client, "CoreV1Api", FakeCore)
+    monkeypatch.setattr(demo, "let_pods_read_themselves", lambda api, ns: None)
+    monkeypatch.setattr(demo, "read_pod", lambda api, ns, name: {"status": {"phase": "Succeeded"}})
+    monkeypatch.setattr(demo, "allocation_lines", lambda pod: [])
+    with console.capture() as captured:
+        log = demo._smi_scene(None, types.SimpleNamespace(runs_containers=True))  # type: ignore[arg-type]
+    assert log == SMI_LOG
+    lines = [line.strip() for line in captured.get().splitlines()]
+    label = lines.index(demo.SMI_LABEL.strip())
+    assert label > lines.index(SMI_LOG.splitlines()[2])
+    text = lines[label]
+    assert text.startswith("(lab) used stays 0MiB") and "no CUDA runs here" in text
+    assert "CUDA_DEVICE_SM_LIMIT" in text and "no nvidia-smi face" in text
