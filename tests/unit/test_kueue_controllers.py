@@ -3,6 +3,7 @@ in-memory API of kueue_fake, which enforces the API server's Job and Pod update 
 
 from __future__ import annotations
 
+import io
 import threading
 from typing import Any
 
@@ -14,6 +15,7 @@ from gpulab.kueue import api
 from gpulab.kueue import workload as wlutil
 from gpulab.kueue.config import Configuration, WaitForPodsReady, parse
 from gpulab.kueue.controllers import client as kc
+from gpulab.kueue.controllers.manager import Manager
 from gpulab.kueue.model import condition, timestamp
 from gpulab.wait import wait_for
 
@@ -321,8 +323,9 @@ def test_hold_and_drain_evicts_admitted_workloads() -> None:
     assert not running(kube, "a")
 
 
-def test_admission_check_waits_for_healthy_gpus() -> None:
-    kube = FakeKube()
+def checked_world(kube: FakeKube) -> tuple[Manager, io.StringIO]:
+    """A ClusterQueue whose admissions wait for the gpus-healthy check, and node n1
+    (gpu=a100) with one of its 8 GPUs unhealthy, so the check holds until it heals."""
     setup(kube, admissionChecksStrategy={"admissionChecks": [{"name": "gpus-healthy"}]})
     kube.add(
         kc.ADMISSION_CHECKS,
@@ -336,7 +339,12 @@ def test_admission_check_waits_for_healthy_gpus() -> None:
         "status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "7"}},
     }
     kube.add(NODES, node)
-    m, log = new_manager(kube)
+    return new_manager(kube)
+
+
+def test_admission_check_waits_for_healthy_gpus() -> None:
+    kube = FakeKube()
+    m, log = checked_world(kube)
     kube.add(JOBS, job("w", 1))
     settle(m)
     wl = workload_of(kube, "w")
@@ -620,20 +628,7 @@ def test_pods_get_podset_and_queue_labels_and_a_conflict_fails_to_start() -> Non
     already has with another value (a nodeSelector changed while the Job waited for its
     admission check) finishes the Workload FailedToStart instead of overwriting it."""
     kube = FakeKube()
-    setup(kube, admissionChecksStrategy={"admissionChecks": [{"name": "gpus-healthy"}]})
-    kube.add(
-        kc.ADMISSION_CHECKS,
-        {
-            "metadata": {"name": "gpus-healthy"},
-            "spec": {"controllerName": "gpulab.io/gpus-healthy"},
-        },
-    )
-    node = {
-        "metadata": {"name": "n1", "labels": {"gpu": "a100"}},
-        "status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "7"}},
-    }
-    kube.add(NODES, node)
-    m, log = new_manager(kube)
+    m, log = checked_world(kube)
     kube.add(JOBS, job("ok", 1))
     kube.add(JOBS, job("moved", 1))
     settle(m)
@@ -842,20 +837,7 @@ def test_a_gated_pod_gets_podset_and_queue_labels_and_a_conflict_fails_to_start(
     while gated (an addition the API server allows) cannot take the a100 flavor's
     gpu=a100, so its Workload finishes FailedToStart and the Pod stays gated."""
     kube = FakeKube()
-    setup(kube, admissionChecksStrategy={"admissionChecks": [{"name": "gpus-healthy"}]})
-    kube.add(
-        kc.ADMISSION_CHECKS,
-        {
-            "metadata": {"name": "gpus-healthy"},
-            "spec": {"controllerName": "gpulab.io/gpus-healthy"},
-        },
-    )
-    node = {
-        "metadata": {"name": "n1", "labels": {"gpu": "a100"}},
-        "status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "7"}},
-    }
-    kube.add(NODES, node)
-    m, log = new_manager(kube)
+    m, log = checked_world(kube)
     kube.add(PODS, queued_pod("ok", 1))
     kube.add(PODS, queued_pod("moved", 1))
     settle(m)
