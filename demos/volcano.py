@@ -40,6 +40,9 @@ QUEUE_A, QUEUE_B, QUEUE_C = "demo-team-a", "demo-team-b", "demo-team-c"
 SESSION_STEPS = ("OpenSession", "enqueue", "allocate", "backfill", "reclaim", "preempt")
 SESSION_STEPS += ("CloseSession",)
 RESTART_ON_EVICT = {"event": apis.POD_EVICTED_EVENT, "action": apis.RESTART_JOB}
+# Each task's CPU and memory: small, so GPUs decide the story on every backend (a kind
+# node has the host's few CPUs, not the spec's, and 4 pods of 1 CPU would not fit one)
+SMALL = {"cpu": "250m", "memory": "256Mi"}
 
 Obj = dict[str, Any]
 
@@ -48,7 +51,7 @@ def a_train() -> Obj:
     """team-a's elastic job: 8 x 2 GPUs, runs with 2, restarts when a pod is evicted."""
     return vo.vcjob(
         "a-train",
-        [vo.task("worker", 8, gpus=2, seconds=3600)],
+        [vo.task("worker", 8, gpus=2, seconds=3600, **SMALL)],
         queue=QUEUE_A,
         min_available=2,
         policies=[RESTART_ON_EVICT],
@@ -57,12 +60,12 @@ def a_train() -> Obj:
 
 def b_gang() -> Obj:
     """team-b's gang: 4 tasks x 3 GPUs, all or nothing."""
-    return vo.vcjob("b-gang", [vo.task("worker", 4, gpus=3, seconds=3600)], queue=QUEUE_B)
+    return vo.vcjob("b-gang", [vo.task("worker", 4, gpus=3, seconds=3600, **SMALL)], queue=QUEUE_B)
 
 
 def c_big() -> Obj:
     """team-c's job: 2 x 4 GPUs, more than the 4 GPUs team-c's queue may hold."""
-    return vo.vcjob("c-big", [vo.task("worker", 2, gpus=4, seconds=3600)], queue=QUEUE_C)
+    return vo.vcjob("c-big", [vo.task("worker", 2, gpus=4, seconds=3600, **SMALL)], queue=QUEUE_C)
 
 
 # -- narration -----------------------------------------------------------------------------

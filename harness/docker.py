@@ -443,7 +443,15 @@ class DockerCluster(ClusterAPI):
         self._wait_api(progress)
         self._apply(["base"], progress)
         self._wait_nodes(progress)
-        addons.start_all(list(self.spec.addons), self, progress)
+        names = addons.for_real_kubelets(
+            list(self.spec.addons), any(n.profile for n in self.spec.nodes)
+        )
+        if names != list(self.spec.addons):
+            progress(
+                "the spec deploys no device plugin, and a real kubelet advertises GPUs only "
+                "through one: NVIDIA's device plugin (the device-plugin addon) is deployed too"
+            )
+        addons.start_all(names, self, progress)
 
     def _create(self, progress: Progress) -> None:
         for argv in self.commands_up():

@@ -27,6 +27,16 @@ ADDONS = {
 DEVICE_PLUGINS = {"device-plugin", "hami", "gpu-operator"}
 
 
+def for_real_kubelets(names: list[str], gpu_nodes: bool) -> list[str]:
+    """The addons a cluster of real kubelets (kind, k3d) needs for ``names``: a real kubelet
+    advertises GPUs only through a device plugin, so a spec with GPU nodes and none of the
+    DEVICE_PLUGINS (the local backend writes their GPUs into the kwok Node instead) gets
+    NVIDIA's, first, as a GPU cluster has it before any scheduler is installed."""
+    if gpu_nodes and not DEVICE_PLUGINS & set(names):
+        return ["device-plugin", *names]
+    return list(names)
+
+
 # addons whose webhooks admit other chapters' pods with failurePolicy Fail (Kueue's pod
 # webhook): deployed once the others run, else their pods are refused while it starts
 AFTER_OTHERS = {"kueue"}

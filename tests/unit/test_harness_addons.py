@@ -1,4 +1,5 @@
 from gpulab.deviceplugin.config import parse as parse_config
+from harness import addons
 from harness.addons.device_plugin import expected_resources, extra_configs, plugin_config
 from harness.apply import MANIFESTS, load_documents
 from harness.spec import device_plugin_config_name, node_labels, node_object, parse
@@ -65,3 +66,11 @@ def test_with_a_device_plugin_the_node_starts_without_gpu_capacity() -> None:
     node = _node("t4-x4")
     assert "nvidia.com/gpu" not in node_object(node, static_gpus=False)["status"]["capacity"]
     assert node_object(node)["status"]["capacity"]["nvidia.com/gpu"] == "4"
+
+
+def test_real_kubelets_get_a_device_plugin_where_the_spec_deploys_none() -> None:
+    # the Volcano cluster's spec: kwok Nodes carry the GPUs, a real kubelet needs a plugin
+    assert addons.for_real_kubelets(["volcano"], gpu_nodes=True) == ["device-plugin", "volcano"]
+    for providing in (["device-plugin", "kueue"], ["hami"], ["gpu-operator"]):
+        assert addons.for_real_kubelets(providing, gpu_nodes=True) == providing
+    assert addons.for_real_kubelets(["volcano"], gpu_nodes=False) == ["volcano"]
