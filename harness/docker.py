@@ -172,15 +172,28 @@ def _profile_path(node: Any, relative: bool) -> str:
     return f"./{path.relative_to(ROOT)}" if relative else str(path)
 
 
-def kubelet_patch(spec: ClusterSpec, cgroup_v1: bool = False) -> dict[str, Any] | None:
+# what the Static memory manager reserves on NUMA node 0: kubelet insists that reservedMemory
+# adds up to kube-reserved + system-reserved + the hard eviction threshold, so the
+# threshold is set to the same amount (kind's evictionHard names no memory signal)
+RESERVED_MEMORY = "100Mi"
+
+
+def kubelet_patch(
+    spec: ClusterSpec, cgroup_v1: bool = False, topology: bool = True
+) -> dict[str, Any] | None:
     """The spec's kubelet settings as a KubeletConfiguration patch (None: kind's defaults).
-    The static CPU manager needs CPUs reserved for the system, as kubelet insists; kubelet
-    1.35+ refuses a cgroup v1 host unless told not to (``failCgroupV1: false``)."""
+    The static CPU manager needs CPUs reserved for the system, the Static memory manager
+    memory, as kubelet insists; kubelet 1.35+ refuses a cgroup v1 host unless told not to
+    (``failCgroupV1: false``). Without ``topology`` (a host with fewer NUMA nodes than the
+    spec's GPUs claim, see ``topology_fits``) the Topology Manager settings are left out."""
     patch: dict[str, Any] = {}
-    if spec.kubelet != KubeletConfig():
+    if spec.kubelet != KubeletConfig() and topology:
         patch = dict(yaml.safe_load(spec.kubelet.to_yaml()))
         if spec.kubelet.cpu_manager_policy == "static":
             patch["reservedSystemCPUs"] = "0"
+        if spec.kubelet.memory_manager_policy == "Static":
+            patch["reservedMemory"] = [{"numaNode": 0, "limits": {"memory": RESERVED_MEMORY}}]
+            patch["evictionHard"] = {"memory.available": RESERVED_MEMORY}
     if cgroup_v1:
         patch = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -195,6 +208,18 @@ def host_is_cgroup_v1() -> bool:
     return not Path("/sys/fs/cgroup/cgroup.controllers").exists()
 
 
+def host_numa_nodes() -> int:
+    return len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
+
+
+def topology_fits(spec: ClusterSpec, numa_nodes: int) -> bool:
+    """Whether a real kubelet on this host can honour the spec's Topology Manager settings:
+    kind's nodes share the host's NUMA nodes, and a GPU the profile puts on a NUMA node the
+    host lacks would fail every pod under single-numa-node (TopologyAffinityError)."""
+    wanted = [g.numa_node for n in spec.nodes if n.profile for g in profiles.load(n.profile).gpus]
+    return max(wanted, default=0) < numa_nodes
+
+
 def kind_config(
     spec: ClusterSpec,
     relative_paths: bool = True,
@@ -202,6 +227,7 @@ def kind_config(
     node_image: str = KIND_NODE_IMAGE,
     cgroup_v1: bool = False,
     restrict_oom_score_adj: bool = False,
+    topology: bool = True,
 ) -> dict[str, Any]:
     """kind's Cluster config (kind.x-k8s.io/v1alpha4) for a spec: one worker per node,
     registered under the spec node's name (kubeadm's ``nodeRegistration.name``), so
@@ -258,7 +284,7 @@ def kind_config(
     patches = [
         yaml.safe_dump({"kind": "InitConfiguration", "timeouts": INIT_TIMEOUTS}, sort_keys=False)
     ]
-    patch = kubelet_patch(spec, cgroup_v1)
+    patch = kubelet_patch(spec, cgroup_v1, topology)
     if patch is not None:
         patches.append(yaml.safe_dump(patch, sort_keys=False))
     if node_image != KIND_NODE_IMAGE:
@@ -391,6 +417,7 @@ class DockerCluster(ClusterAPI):
                 node_image=node_image,
                 cgroup_v1=host_is_cgroup_v1(),
                 restrict_oom_score_adj=CAP_SYS_RESOURCE in missing_capabilities(),
+                topology=topology_fits(self.spec, host_numa_nodes()),
             )
             path.write_text(yaml.safe_dump(config, sort_keys=False))
         else:
@@ -418,6 +445,14 @@ class DockerCluster(ClusterAPI):
             self.write_config(built.node)
             if host_is_cgroup_v1():
                 progress("this host runs cgroup v1: kubelet gets failCgroupV1: false")
+            if self.spec.kubelet != KubeletConfig() and not topology_fits(
+                self.spec, host_numa_nodes()
+            ):
+                progress(
+                    f"this host has {host_numa_nodes()} NUMA node(s), fewer than the spec's "
+                    "GPUs sit on: the spec's kubelet Topology Manager settings are left out "
+                    "on kind (the local backend's node agent still applies them)"
+                )
             to_load = built.load
         else:
             self.check_tools()

@@ -29,6 +29,7 @@ from harness.docker import (
     engine_status,
     k3d_config,
     kind_config,
+    topology_fits,
 )
 from harness.errors import HarnessError
 from harness.spec import load
@@ -272,6 +273,23 @@ def test_the_offline_node_image_names_its_coredns_and_cgroup_v1_hosts_get_failcg
     _init, patch = scheduling["kubeadmConfigPatches"]  # one KubeletConfiguration, both settings
     assert yaml.safe_load(patch)["failCgroupV1"] is False
     assert yaml.safe_load(patch)["topologyManagerPolicy"] == "single-numa-node"
+    # the Static memory manager refuses to start without memory reserved (kubelet's
+    # "you should specify the system reserved memory"): reserved == the eviction threshold
+    assert yaml.safe_load(patch)["reservedMemory"] == [
+        {"numaNode": 0, "limits": {"memory": "100Mi"}}
+    ]
+    assert yaml.safe_load(patch)["evictionHard"] == {"memory.available": "100Mi"}
+    # a one-NUMA-node host cannot hold GPUs the profiles put on NUMA node 1
+    assert not topology_fits(load("scheduling"), numa_nodes=1)
+    assert topology_fits(load("scheduling"), numa_nodes=2)
+    _init, patch = kind_config(load("scheduling"), cgroup_v1=True, topology=False)[
+        "kubeadmConfigPatches"
+    ]
+    assert yaml.safe_load(patch) == {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "failCgroupV1": False,
+    }
 
 
 # ---------------------------------------------------------------- the Docker Engine API
