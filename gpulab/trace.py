@@ -35,6 +35,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from rich.markup import escape
 
 from gpulab.informer import EVENTS, SYNCED, Delta, ListWatch, Store, reflect
 
@@ -364,14 +365,18 @@ def follow(
 
 
 def render_line(ev: TraceEvent) -> str:
-    """One trace step as rich markup, the way demos and `gpulab trace` print it."""
+    """One trace step as rich markup, the way demos and `gpulab trace` print it.
+
+    The Event's own text is escaped: rich would read "[gpu-a100]" in a note as a tag and
+    drop it ("Successfully binding node  to ...").
+    """
     colour = "red" if ev.warning else "cyan"
     times = f" [dim](x{ev.count})[/dim]" if ev.count > 1 else ""
     return (
         f"[dim]{ev.time.astimezone().strftime('%H:%M:%S')}[/dim] "
-        f"[bold magenta]{ev.component:<22}[/bold magenta] "
-        f"[bold {colour}]{ev.step:<18}[/bold {colour}] "
-        f"[green]{ev.regarding}[/green]  {ev.note}{times}"
+        f"[bold magenta]{escape(f'{ev.component:<22}')}[/bold magenta] "
+        f"[bold {colour}]{escape(f'{ev.step:<18}')}[/bold {colour}] "
+        f"[green]{escape(ev.regarding)}[/green]  {escape(ev.note)}{times}"
     )
 
 

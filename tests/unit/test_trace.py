@@ -2,7 +2,9 @@ import datetime as dt
 import io
 import json
 
-from gpulab.trace import ObjectRef, TraceEvent, Tracer, sequence_diagram
+from rich.console import Console
+
+from gpulab.trace import ObjectRef, TraceEvent, Tracer, render_line, sequence_diagram
 
 
 def test_step_writes_one_json_line_with_the_step_and_detail() -> None:
@@ -83,3 +85,25 @@ def test_repeated_events_become_one_series_as_client_go_records_them() -> None:
     tracer.flush()
     assert fake.calls[-1][0] == "patch" and fake.calls[-1][2]["series"]["count"] == 4
     assert tracer._recorded == {}
+
+
+def _printed(markup: str, width: int = 300) -> str:
+    out = Console(width=width, file=io.StringIO(), highlight=False, color_system=None)
+    with out.capture() as captured:
+        out.print(markup)
+    return captured.get()
+
+
+def test_text_in_brackets_survives_rendering() -> None:
+    ev = TraceEvent(
+        dt.datetime.now(dt.UTC),
+        "hami-scheduler",
+        "BindingSucceed",
+        "Pod demo-hami/[binpack-1]",
+        r"Successfully binding node [gpu-a100] to demo-hami/binpack-1 [bold]x[/bold] \\",
+        False,
+    )
+    line = _printed(render_line(ev))
+    assert "Successfully binding node [gpu-a100] to demo-hami/binpack-1" in line
+    assert "[bold]x[/bold] \\\\" in line
+    assert "Pod demo-hami/[binpack-1]" in line
