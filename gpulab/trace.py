@@ -364,19 +364,21 @@ def follow(
                 first.append(ev)
 
 
-def render_line(ev: TraceEvent) -> str:
+def render_line(ev: TraceEvent, late: bool = False) -> str:
     """One trace step as rich markup, the way demos and `gpulab trace` print it.
 
     The Event's own text is escaped: rich would read "[gpu-a100]" in a note as a tag and
-    drop it ("Successfully binding node  to ...").
+    drop it ("Successfully binding node  to ..."). ``late``: printed after a step that
+    happened later (gpulab.narrate), marked so rather than silently out of order.
     """
     colour = "red" if ev.warning else "cyan"
     times = f" [dim](x{ev.count})[/dim]" if ev.count > 1 else ""
+    marks = times + (" [dim](late)[/dim]" if late else "")
     return (
         f"[dim]{ev.time.astimezone().strftime('%H:%M:%S')}[/dim] "
         f"[bold magenta]{escape(f'{ev.component:<22}')}[/bold magenta] "
         f"[bold {colour}]{escape(f'{ev.step:<18}')}[/bold {colour}] "
-        f"[green]{escape(ev.regarding)}[/green]  {escape(ev.note)}{times}"
+        f"[green]{escape(ev.regarding)}[/green]  {escape(ev.note)}{marks}"
     )
 
 
