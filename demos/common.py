@@ -23,7 +23,19 @@ from harness.errors import HarnessError
 from harness.spec import ClusterSpec
 from harness.spec import load as load_spec
 
-console = Console(highlight=False, soft_wrap=True)
+
+class DemoConsole(Console):
+    """The demos' console. What the demo script itself prints (a section header, a table,
+    a tick) sums up what went before, so the trace lines LiveTraces hold go out first;
+    what watcher threads print is live narration and goes out as it comes."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            _flush_live()
+        super().print(*objects, **kwargs)
+
+
+console = DemoConsole(highlight=False, soft_wrap=True)
 
 
 # how often a LiveTrace looks for held lines whose time has come (well under narrate.HOLD)
@@ -84,16 +96,14 @@ def chapter(title: str, story: str) -> None:
 
 
 def say(message: str) -> None:
-    _flush_live()
     console.print(f"[bold yellow]▶[/bold yellow] {message}")
 
 
 def ok(message: str) -> None:
-    _flush_live()  # a tick sums up facts: they go on screen first
     console.print(f"[bold green]✔[/bold green] {message}")
 
 
-# the LiveTraces inside their `with`: say() and ok() print what they hold first
+# the LiveTraces inside their `with`: the script's own lines print what they hold first
 _live: list[LiveTrace] = []
 
 
@@ -209,7 +219,8 @@ class LiveTrace:
 
     def _print(self, told: list[narrate.Told]) -> None:
         for line in told:
-            console.print("  " + trace.render_line(line.event, late=line.late))
+            # Console's own print: the demo console's would flush this trace again
+            Console.print(console, "  " + trace.render_line(line.event, late=line.late))
 
     def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
         if ev.time < self._since - dt.timedelta(seconds=2):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
 from kubernetes import client
-from rich.console import Console
 
 from demos import common
 from gpulab import informer, narrate
@@ -36,7 +36,8 @@ class FakeInformer:
 @pytest.fixture
 def screen(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     out = io.StringIO()
-    monkeypatch.setattr(common, "console", Console(file=out, width=200, color_system=None))
+    demo_console = common.DemoConsole(file=out, width=200, color_system=None)
+    monkeypatch.setattr(common, "console", demo_console)
     monkeypatch.setattr(informer, "Informer", FakeInformer)
     FakeInformer.made = []
     yield out
@@ -111,6 +112,25 @@ def test_expect_prints_the_steps_it_waited_for(screen: io.StringIO) -> None:
         feed_events(event("PreFilter", "a-1", at=0.0))
         live.expect({"PreFilter"}, timeout=1)
         assert "PreFilter" in screen.getvalue()
+
+
+def test_a_section_header_or_table_of_the_script_comes_after_the_held_lines(
+    screen: io.StringIO,
+) -> None:
+    with live_trace():
+        feed_events(event("Bind", "a-1", at=0.0))
+        common.console.rule("spread: three pods, three GPUs")
+    lines = printed(screen)
+    assert "Bind" in lines[0] and "spread: three pods" in lines[1]
+
+
+def test_lines_a_watcher_thread_prints_do_not_flush_the_trace(screen: io.StringIO) -> None:
+    with live_trace():
+        feed_events(event("Bind", "a-1", at=0.0))
+        watcher = threading.Thread(target=common.console.print, args=("lock taken",))
+        watcher.start()
+        watcher.join()
+        assert printed(screen) == ["lock taken"]
 
 
 def test_leaving_the_trace_prints_what_is_held_and_a_late_line_says_so(
