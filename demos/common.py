@@ -40,6 +40,19 @@ console = DemoConsole(highlight=False, soft_wrap=True)
 
 # how often a LiveTrace looks for held lines whose time has come (well under narrate.HOLD)
 TICK = 0.1
+INDENT = "  "  # trace lines sit under the ▶ and ✔ lines
+COUNT_LEGEND = "(xN): the same Event N times, as client-go's series counts it"
+
+
+@dataclass
+class Narration:
+    """How the demos narrate, for the whole run (`gpulab demo` sets it)."""
+
+    verbose: bool = False  # --verbose: trace lines in full, not fitted to the terminal
+    counts_told: bool = False  # the (xN) legend went out (once, with the first count)
+
+
+NARRATION = Narration()
 
 
 class DemoFailed(HarnessError):
@@ -166,6 +179,7 @@ class LiveTrace:
     _narrator: narrate.Narrator = field(default_factory=narrate.Narrator)
     _stop: threading.Event = field(default_factory=threading.Event)
     _ticker: threading.Thread | None = None
+    verbose: bool = field(default_factory=lambda: NARRATION.verbose)
 
     def __enter__(self) -> LiveTrace:
         for ns in (self.namespace, *self.also):
@@ -218,9 +232,18 @@ class LiveTrace:
                 self._print(self._narrator.due(time.monotonic()))
 
     def _print(self, told: list[narrate.Told]) -> None:
+        width = None if self.verbose else console.width - len(INDENT)
+        # compact: a line whose head alone (an object's long name) is too wide is cut too
+        cut: dict[str, Any] = (
+            {} if self.verbose else {"soft_wrap": False, "no_wrap": True, "overflow": "ellipsis"}
+        )
         for line in told:
+            markup = INDENT + trace.render_line(line.event, late=line.late, width=width)
             # Console's own print: the demo console's would flush this trace again
-            Console.print(console, "  " + trace.render_line(line.event, late=line.late))
+            Console.print(console, markup, **cut)
+            if line.event.count > 1 and not NARRATION.counts_told:
+                NARRATION.counts_told = True
+                Console.print(console, f"{INDENT}[dim]{COUNT_LEGEND}[/dim]")
 
     def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
         if ev.time < self._since - dt.timedelta(seconds=2):

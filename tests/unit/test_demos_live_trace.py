@@ -38,12 +38,13 @@ def screen(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     out = io.StringIO()
     demo_console = common.DemoConsole(file=out, width=200, color_system=None)
     monkeypatch.setattr(common, "console", demo_console)
+    monkeypatch.setattr(common, "NARRATION", common.Narration())
     monkeypatch.setattr(informer, "Informer", FakeInformer)
     FakeInformer.made = []
     yield out
 
 
-def event(step: str, pod: str, at: float, note: str = "") -> dict[str, Any]:
+def event(step: str, pod: str, at: float, note: str = "", count: int = 1) -> dict[str, Any]:
     """A core/v1 Event as the Events informer delivers it, ``at`` seconds from now."""
     when = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=at)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return {
@@ -54,6 +55,7 @@ def event(step: str, pod: str, at: float, note: str = "") -> dict[str, Any]:
         "type": "Normal",
         "eventTime": when,
         "reportingComponent": "gpulab.io/gpulab-scheduler",
+        "count": count,
     }
 
 
@@ -65,17 +67,20 @@ def pod(name: str, phase: str) -> dict[str, Any]:
     }
 
 
-def live_trace() -> common.LiveTrace:
+def live_trace(**kwargs: Any) -> common.LiveTrace:
     # a window no test outlasts: only flushes print
-    return common.LiveTrace(client.ApiClient(), "demo", _narrator=narrate.Narrator(hold=600))
+    hold = narrate.Narrator(hold=600)
+    return common.LiveTrace(client.ApiClient(), "demo", _narrator=hold, **kwargs)
 
 
 def printed(out: io.StringIO) -> list[str]:
     return [line.strip() for line in out.getvalue().splitlines() if line.strip()]
 
 
-def feed_events(*events: dict[str, Any]) -> None:
-    handlers = FakeInformer.made[0].handlers  # the namespace's Events
+def feed_events(*events: dict[str, Any], trace: int = 0) -> None:
+    """Deliver ``events`` to the Events informer of the ``trace``-th LiveTrace entered
+    (each makes two: its namespace's Events, then its pods)."""
+    handlers = FakeInformer.made[2 * trace].handlers
     assert handlers.on_add is not None
     for ev in events:
         handlers.on_add(ev)
@@ -145,3 +150,52 @@ def test_leaving_the_trace_prints_what_is_held_and_a_late_line_says_so(
     assert "Permit" in lines[1] and lines[1].endswith("(late)")
     common.say("after the trace")  # no LiveTrace is left to flush
     assert printed(screen)[-1] == "▶ after the trace"
+
+
+LONG = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector. " * 5
+
+
+def test_lines_fit_the_terminal_unless_verbose(screen: io.StringIO) -> None:
+    width = common.console.width - 2
+    with live_trace() as live:
+        feed_events(event("Filter", "a-1", at=0.0, note=LONG))
+        live.flush()
+        feed_events(event("Filter", "a-" + "x" * 300, at=0.1))  # a head wider than that
+    compact = printed(screen)
+    assert [len(line) for line in compact] == [width, width]
+    assert compact[0].endswith("…") and compact[1].endswith("…")
+    with live_trace(verbose=True):
+        feed_events(event("Filter", "a-2", at=0.0, note=LONG), trace=1)
+    assert LONG.strip() in screen.getvalue().replace("\n", "")
+
+
+def test_the_count_is_explained_once_with_the_first_line_that_shows_one(
+    screen: io.StringIO,
+) -> None:
+    with live_trace() as a, live_trace() as b:  # Kueue's demo follows two namespaces
+        feed_events(event("Filter", "a-1", at=0.0))
+        a.flush()
+        assert common.COUNT_LEGEND not in screen.getvalue()
+        feed_events(
+            event("Filter", "a-2", at=0.1, count=2),
+            event("Filter", "a-3", at=0.2, count=3),
+            trace=1,
+        )
+        b.flush()
+    lines = printed(screen)
+    assert lines[1].endswith("(x2)") and lines[2] == common.COUNT_LEGEND
+    assert lines[3].endswith("(x3)") and screen.getvalue().count(common.COUNT_LEGEND) == 1
+
+
+def test_gpulab_demo_verbose_prints_the_trace_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    from demos import commands
+    from gpulab.cli import build_parser
+
+    args = build_parser(["demo"]).parse_args(["demo", "cluster", "--verbose"])
+    assert args.full_trace and not args.verbose  # gpulab's own -v stays debug logging
+    monkeypatch.setattr(common, "NARRATION", common.Narration())
+    chapter = type("Chapter", (), {"run": staticmethod(lambda _args: 0)})
+    monkeypatch.setattr(commands.importlib, "import_module", lambda _name: chapter)
+    assert commands.cmd_demo(args) == 0
+    assert common.NARRATION.verbose
+    assert common.LiveTrace(client.ApiClient(), "demo").verbose
