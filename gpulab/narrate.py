@@ -16,6 +16,10 @@ window and then lets it out sorted:
 
 A line that arrives after a later line was already printed is told as late, not slipped in
 silently. Pure: the caller passes the clock and prints what it gets back.
+
+Known limit: two attempts at one pod within one second (Coscheduling activating a waiting
+sibling at once) are one group, so their steps merge in chain order (PreFilter, PreFilter,
+Filter, FailedScheduling ...).
 """
 
 from __future__ import annotations
