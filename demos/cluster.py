@@ -106,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
     ok(f"gpu-pod was bound by kube-scheduler to {pod.spec.node_name} (has GPUs) and is Running")
     ok(f"gpu-job succeeded ({job.status.succeeded} pod completed)")
     ok(
-        "trace: Scheduled (kube-scheduler) → Running (kwok) → "
-        "SuccessfulCreate → Completed (job-controller)"
+        "trace: gpu-pod Scheduled (kube-scheduler) → Pod Running (kwok); gpu-job "
+        "SuccessfulCreate (job-controller) → its pod Scheduled → Running → Succeeded → "
+        "Completed (job-controller)"
     )
     return 0
 

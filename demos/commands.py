@@ -37,12 +37,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="PORT",
         help="also serve the live dashboard on 127.0.0.1 (default 8700 + $GPULAB_PORT_OFFSET)",
     )
+    p.add_argument(
+        "--verbose",
+        dest="full_trace",  # not `verbose`: that is gpulab's own -v (debug logging)
+        action="store_true",
+        help="print each trace line in full (default: fitted to the terminal's width)",
+    )
     p.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from demos.common import running_dashboard, say
+    from demos.common import NARRATION, running_dashboard, say
 
+    NARRATION.verbose = args.full_trace
     module = importlib.import_module(CHAPTERS[args.chapter])
     code = int(module.run(args))
     page = running_dashboard()

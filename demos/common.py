@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
-from gpulab import informer, trace
+from gpulab import informer, narrate, trace
 from gpulab.dashboard import chain
 from gpulab.wait import wait_for
 from harness.backends import Backend, ensure_up
@@ -23,7 +23,36 @@ from harness.errors import HarnessError
 from harness.spec import ClusterSpec
 from harness.spec import load as load_spec
 
-console = Console(highlight=False, soft_wrap=True)
+
+class DemoConsole(Console):
+    """The demos' console. What the demo script itself prints (a section header, a table,
+    a tick) sums up what went before, so the trace lines LiveTraces hold go out first;
+    what watcher threads print is live narration and goes out as it comes."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            _flush_live()
+        super().print(*objects, **kwargs)
+
+
+console = DemoConsole(highlight=False, soft_wrap=True)
+
+
+# how often a LiveTrace looks for held lines whose time has come (well under narrate.HOLD)
+TICK = 0.1
+INDENT = "  "  # trace lines sit under the ▶ and ✔ lines
+COUNT_LEGEND = "(xN): the same Event N times, as client-go's series counts it"
+
+
+@dataclass
+class Narration:
+    """How the demos narrate, for the whole run (`gpulab demo` sets it)."""
+
+    verbose: bool = False  # --verbose: trace lines in full, not fitted to the terminal
+    counts_told: bool = False  # the (xN) legend went out (once, with the first count)
+
+
+NARRATION = Narration()
 
 
 class DemoFailed(HarnessError):
@@ -87,6 +116,15 @@ def ok(message: str) -> None:
     console.print(f"[bold green]✔[/bold green] {message}")
 
 
+# the LiveTraces inside their `with`: the script's own lines print what they hold first
+_live: list[LiveTrace] = []
+
+
+def _flush_live() -> None:
+    for live in list(_live):
+        live.flush()
+
+
 def fresh_namespace(api: client.ApiClient, name: str) -> None:
     """Delete ``name`` if it exists (waiting until it is gone), then create it."""
     core = client.CoreV1Api(api)
@@ -123,9 +161,10 @@ class LiveTrace:
     """Follows a namespace's Events (the call-chain trace) and Pod phases, printing both.
 
     Informers run in background threads while the demo acts, so the story appears as it
-    happens. ``also`` adds namespaces whose Events about the ``nodes`` named are shown too
-    (device plugins and kubelet write Node Events into "default"); Events from before the
-    demo started are left out.
+    happens: each line is held for a moment (gpulab.narrate) so the story prints in causal
+    order, not in the order the watches deliver it. ``also`` adds namespaces whose Events
+    about the ``nodes`` named are shown too (device plugins and kubelet write Node Events
+    into "default"); Events from before the demo started are left out.
     """
 
     api: client.ApiClient
@@ -137,6 +176,10 @@ class LiveTrace:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _informers: list[informer.Informer] = field(default_factory=list)
     _phases: dict[str, str] = field(default_factory=dict)
+    _narrator: narrate.Narrator = field(default_factory=narrate.Narrator)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _ticker: threading.Thread | None = None
+    verbose: bool = field(default_factory=lambda: NARRATION.verbose)
 
     def __enter__(self) -> LiveTrace:
         for ns in (self.namespace, *self.also):
@@ -153,20 +196,54 @@ class LiveTrace:
         self._informers.append(informer.Informer(pods, handlers))
         for inf in self._informers:
             inf.start()
+        self._ticker = threading.Thread(target=self._tick, name="live-trace", daemon=True)
+        self._ticker.start()
+        _live.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for inf in self._informers:
             inf.stop()
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        _live.remove(self)
+        self.flush()
 
     def expect(self, steps: set[str], timeout: float = 20.0) -> None:
-        """Wait until each step has been seen; Events are written asynchronously and a
-        controller's event broadcaster may post them seconds after the fact."""
+        """Wait until each step has been seen, then print what is held; Events are written
+        asynchronously and a controller's event broadcaster may post them seconds after
+        the fact."""
         wait_for(
             lambda: steps <= {ev.step for ev in self.seen},
             timeout,
             f"Events {sorted(steps - {ev.step for ev in self.seen})} in the trace",
         )
+        self.flush()
+
+    def flush(self) -> None:
+        """Print every line held now (before a tick, and when the story ends)."""
+        with self._lock:
+            self._print(self._narrator.drain())
+
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK):
+            with self._lock:
+                self._print(self._narrator.due(time.monotonic()))
+
+    def _print(self, told: list[narrate.Told]) -> None:
+        width = None if self.verbose else console.width - len(INDENT)
+        # compact: a line whose head alone (an object's long name) is too wide is cut too
+        cut: dict[str, Any] = (
+            {} if self.verbose else {"soft_wrap": False, "no_wrap": True, "overflow": "ellipsis"}
+        )
+        for line in told:
+            markup = INDENT + trace.render_line(line.event, late=line.late, width=width)
+            # Console's own print: the demo console's would flush this trace again
+            Console.print(console, markup, **cut)
+            if line.event.count > 1 and not NARRATION.counts_told:
+                NARRATION.counts_told = True
+                Console.print(console, f"{INDENT}[dim]{COUNT_LEGEND}[/dim]")
 
     def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
         if ev.time < self._since - dt.timedelta(seconds=2):
@@ -181,22 +258,17 @@ class LiveTrace:
             if ev in self.seen or not self._wanted(ev, namespace):
                 return
             self.seen.append(ev)
-        console.print("  " + trace.render_line(ev))
+            self._narrator.add(ev, time.monotonic())
 
     def _pod(self, pod: dict[str, Any]) -> None:
         phase = (pod.get("status") or {}).get("phase")
         name = pod["metadata"]["name"]
-        if not phase or self._phases.get(name) == phase:
-            return
-        self._phases[name] = phase
-        node = (pod.get("spec") or {}).get("nodeName")
-        where = f" on {node}" if node else ""
-        console.print(
-            f"  [dim]{time.strftime('%H:%M:%S')}[/dim] "
-            f"[bold magenta]{'kwok (kubelet)':<22}[/bold magenta] "
-            f"[bold cyan]{'Pod ' + phase:<18}[/bold cyan] "
-            f"[green]Pod {self.namespace}/{name}[/green]{where}"
-        )
+        with self._lock:
+            if not phase or self._phases.get(name) == phase:
+                return
+            self._phases[name] = phase
+            ev = narrate.pod_phase_event(pod, dt.datetime.now(dt.UTC))
+            self._narrator.add(ev, time.monotonic())
 
     def write_diagram(self, path: Path) -> None:
         path.write_text(chain.sequence_diagram(self.seen))  # caller -> callee

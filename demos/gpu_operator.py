@@ -29,6 +29,7 @@ import httpx
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from rich.markup import escape
 from rich.table import Table
 
 from demos.common import DemoFailed, LiveTrace, chapter, console, ensure_backend, ok, say
@@ -402,7 +403,7 @@ def _bad_mig_config(api: client.ApiClient, core: client.CoreV1Api, live: Operato
         or _allocatable(core, MIG_NODE) != before
     ):
         raise DemoFailed("a failed MIG config changed the node")
-    ok(f"{nl.MIG_CONFIG_STATE_LABEL}=failed; the reason is in the Event: {ev.note}")
+    ok(f"{nl.MIG_CONFIG_STATE_LABEL}=failed; the reason is in the Event: {escape(ev.note)}")
     ok("nothing else changed: the clients were never paused and the MIG layout is intact")
 
 

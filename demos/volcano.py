@@ -28,7 +28,16 @@ from typing import Any
 from kubernetes import client
 from rich.table import Table
 
-from demos.common import DemoFailed, chapter, console, ensure_cluster, fresh_namespace, ok, say
+from demos.common import (
+    NARRATION,
+    DemoFailed,
+    chapter,
+    console,
+    ensure_cluster,
+    fresh_namespace,
+    ok,
+    say,
+)
 from gpulab import informer, trace
 from gpulab.volcano import apis
 from gpulab.volcano import objects as vo
@@ -126,7 +135,8 @@ class Narrator:
         self.events.append(ev)
         if not ev.regarding.startswith(("Job ", "PodGroup ")) or ev.step in TOLD_BY_SESSION:
             return  # per-pod Events and the scheduler's decisions: the session lines tell them
-        console.print("    " + trace.render_line(ev))
+        width = None if NARRATION.verbose else console.width - 4
+        console.print("    " + trace.render_line(ev, width=width))
 
     def _follow_scheduler(self) -> None:
         core = client.CoreV1Api(self.api)

@@ -26,6 +26,7 @@ import datetime as dt
 import json
 import logging
 import queue
+import re
 import sys
 import threading
 import time
@@ -35,6 +36,9 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from rich.cells import cell_len, set_cell_size
+from rich.markup import escape
+from rich.text import Text
 
 from gpulab.informer import EVENTS, SYNCED, Delta, ListWatch, Store, reflect
 
@@ -363,16 +367,48 @@ def follow(
                 first.append(ev)
 
 
-def render_line(ev: TraceEvent) -> str:
-    """One trace step as rich markup, the way demos and `gpulab trace` print it."""
+def render_line(ev: TraceEvent, late: bool = False, width: int | None = None) -> str:
+    """One trace step as rich markup, the way demos and `gpulab trace` print it.
+
+    The Event's own text is escaped: rich would read "[gpu-a100]" in a note as a tag and
+    drop it ("Successfully binding node  to ..."). ``late``: printed after a step that
+    happened later (gpulab.narrate), marked so rather than silently out of order.
+    ``width``: the compact line, no wider than that: the note on one line, GPU UUIDs
+    shortened and the rest cut with "…"; None prints the note in full.
+    """
     colour = "red" if ev.warning else "cyan"
     times = f" [dim](x{ev.count})[/dim]" if ev.count > 1 else ""
-    return (
+    marks = times + (" [dim](late)[/dim]" if late else "")
+    head = (
         f"[dim]{ev.time.astimezone().strftime('%H:%M:%S')}[/dim] "
-        f"[bold magenta]{ev.component:<22}[/bold magenta] "
-        f"[bold {colour}]{ev.step:<18}[/bold {colour}] "
-        f"[green]{ev.regarding}[/green]  {ev.note}{times}"
+        f"[bold magenta]{escape(f'{ev.component:<22}')}[/bold magenta] "
+        f"[bold {colour}]{escape(f'{ev.step:<18}')}[/bold {colour}] "
+        f"[green]{escape(ev.regarding)}[/green]  "
     )
+    note = ev.note
+    if width is not None:
+        room = width - Text.from_markup(head + marks).cell_len
+        note = fit(compact(note), room)
+    return head + escape(note) + marks
+
+
+# a GPU UUID as NVML reports it: GPU-8-4-4-4-12 hex digits
+_GPU_UUID = re.compile(
+    r"\bGPU-([0-9a-fA-F]{8})-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+)
+
+
+def compact(note: str) -> str:
+    """``note`` on one line, each GPU UUID cut to its first 8 hex digits (GPU-1a2b3c4d):
+    enough to tell the cards of a node apart, a quarter of the width."""
+    return _GPU_UUID.sub(r"GPU-\1", " ".join(note.split()))
+
+
+def fit(text: str, room: int) -> str:
+    """``text`` cut to ``room`` terminal cells, "…" marking the cut."""
+    if cell_len(text) <= room:
+        return text
+    return set_cell_size(text, room - 1) + "…" if room > 0 else ""
 
 
 def sequence_diagram(events: list[TraceEvent]) -> str:

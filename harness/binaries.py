@@ -288,14 +288,19 @@ def require_built() -> None:
             )
 
 
-def build_all(progress: Progress, force: bool = False, from_source: bool = False) -> None:
+def build_all(
+    progress: Progress, force: bool = False, from_source: bool = False, say_cached: bool = True
+) -> None:
     """Every component cached and intact: downloaded (unless ``from_source``) where a
-    pinned official release answers, else built from its Go module."""
+    pinned official release answers, else built from its Go module. The cached ones are
+    named in one line, unless not ``say_cached`` (a caller that checks again what `make`
+    just checked); a download or build always reports its progress."""
     go: str | None = None
+    cached = []
     for comp in COMPONENTS:
         problems = verify(comp)
         if not problems and not force:
-            progress(f"{comp.name} {comp.version}: cached in {comp.bin_dir}")
+            cached.append(f"{comp.name} {comp.version}")
             continue
         if problems and "not built yet" not in problems[0]:
             progress(f"{comp.name} {comp.version}: {problems[0]}; rebuilding")
@@ -307,6 +312,8 @@ def build_all(progress: Progress, force: bool = False, from_source: bool = False
                 progress(f"{comp.name} {comp.version}: {exc}; building from source instead")
         go = go or find_go()
         build(comp, go, progress)
+    if cached and say_cached:
+        progress(f"binaries cached in {cache_dir() / 'bin'}: {', '.join(cached)}")
 
 
 # ---------------------------------------------------------------- official release binaries

@@ -157,7 +157,8 @@ class LocalCluster(ClusterAPI):
             return
         if self.processes():  # a previous cluster died half-way: clear what is left
             self.down(lambda _m: None)
-        binaries.build_all(progress)  # nothing to do when cached
+        # nothing to do when cached, and nothing said: `make` has just checked them
+        binaries.build_all(progress, say_cached=False)
         self._check_ports()
         started = time.monotonic()
         self._prepare_dir()

@@ -115,3 +115,21 @@ def test_a_second_build_waits_for_the_first_and_does_not_build_again(
         f"cri-tools {comp.version}: another build holds it; waiting",
         f"cri-tools {comp.version}: built meanwhile in {comp.bin_dir}",
     ]
+
+
+def test_cached_binaries_are_named_in_one_line_and_not_again_on_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo-*` checks the binaries (`gpulab build`), then the backend's `up` checks
+    them again: one line for all, once."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(binaries, "verify", lambda comp: [])
+    said: list[str] = []
+    binaries.build_all(said.append)
+    assert said == [
+        f"binaries cached in {tmp_path / 'gpulab' / 'bin'}: "
+        + ", ".join(f"{c.name} {c.version}" for c in binaries.COMPONENTS)
+    ]
+    said.clear()
+    binaries.build_all(said.append, say_cached=False)
+    assert said == []

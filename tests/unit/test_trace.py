@@ -2,7 +2,9 @@ import datetime as dt
 import io
 import json
 
-from gpulab.trace import ObjectRef, TraceEvent, Tracer, sequence_diagram
+from rich.console import Console
+
+from gpulab.trace import ObjectRef, TraceEvent, Tracer, render_line, sequence_diagram
 
 
 def test_step_writes_one_json_line_with_the_step_and_detail() -> None:
@@ -83,3 +85,52 @@ def test_repeated_events_become_one_series_as_client_go_records_them() -> None:
     tracer.flush()
     assert fake.calls[-1][0] == "patch" and fake.calls[-1][2]["series"]["count"] == 4
     assert tracer._recorded == {}
+
+
+def _printed(markup: str, width: int = 300) -> str:
+    out = Console(width=width, file=io.StringIO(), highlight=False, color_system=None)
+    with out.capture() as captured:
+        out.print(markup)
+    return captured.get()
+
+
+def test_text_in_brackets_survives_rendering() -> None:
+    ev = TraceEvent(
+        dt.datetime.now(dt.UTC),
+        "hami-scheduler",
+        "BindingSucceed",
+        "Pod demo-hami/[binpack-1]",
+        r"Successfully binding node [gpu-a100] to demo-hami/binpack-1 [bold]x[/bold] \\",
+        False,
+    )
+    line = _printed(render_line(ev))
+    assert "Successfully binding node [gpu-a100] to demo-hami/binpack-1" in line
+    assert "[bold]x[/bold] \\\\" in line
+    assert "Pod demo-hami/[binpack-1]" in line
+
+
+UUID = "GPU-04073269-1dc6-5e83-bcec-1541d6190116"
+
+
+def test_the_compact_line_fits_the_width_with_short_uuids_and_keeps_its_marks() -> None:
+    ev = TraceEvent(
+        dt.datetime.now(dt.UTC),
+        "device-plugin",
+        "Allocate",
+        "Node gpu-a100-0",
+        f"nvidia.com/gpu: NVIDIA_VISIBLE_DEVICES={UUID}\n" + "[x] " * 100,
+        False,
+        count=3,
+    )
+    line = _printed(render_line(ev, late=True, width=140)).rstrip("\n")
+    assert "\n" not in line and len(line) == 140
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-04073269 [x] [x]" in line
+    assert line.endswith("… (x3) (late)")
+    full = _printed(render_line(ev))  # --verbose: every word, the full UUID
+    assert UUID in full and full.count("[x]") == 100
+
+
+def test_a_short_note_is_left_whole_and_a_head_wider_than_the_line_drops_the_note() -> None:
+    ev = TraceEvent(dt.datetime.now(dt.UTC), "x", "Bind", "Pod ns/p", "bound to n1", False)
+    assert _printed(render_line(ev, width=100)) == _printed(render_line(ev))
+    assert "bound" not in _printed(render_line(ev, width=40))
