@@ -27,10 +27,7 @@ any Go map order. ``Allocate`` walks ``available`` in the order it is given
 (``DeviceList.Filter`` keeps the request's order), ``iterateGPUPartitions`` enumerates
 partitions in a fixed order, and a later partition or set replaces the best only with a
 strictly higher score, so the first of equals wins, every time. The lab enumerates in the
-same order, so on ties it must pick the very same set. (By reading, upstream's
-``append(accum, set)`` can share a backing array between sibling partitions once a
-partition has about 7 sets, so a recorded best partition could be overwritten; no board
-here has more than 8 GPUs, so at most 4 sets, and that case is not reached.)
+same order, so on ties it must pick the very same set.
 
 A padding slot in upstream's answer would come back as null (the plugin would dereference
 nil); the lab never returns one. No case here produces one.
