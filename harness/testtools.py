@@ -3,6 +3,10 @@ the cache beside the upstream binaries: ``<cache>/bin/<name>-<source hash>/<name
 the same build progress. A change to the program's sources builds it again.
 
 - ``kind-config-check``: decodes a kind config with kind v0.33.0's own Go types, strictly.
+- ``gpuallocator-check``: answers GetPreferredAllocation requests with go-gpuallocator
+  v0.6.0's best-effort policy over the NVML library it loads (the shim). go-nvml binds
+  NVML through cgo (dlopen), so this one is built with ``CGO_ENABLED=1`` and needs a C
+  compiler, as the shim does.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from harness import binaries
 from harness.binaries import Component, Progress
 
 TOOLS = Path(__file__).resolve().parents[1] / "test-tools"
+# Programs that link C through cgo; the others build static, without a C compiler.
+CGO_TOOLS = frozenset({"gpuallocator-check"})
 
 
 def source_hash(src: Path) -> str:
@@ -33,7 +39,7 @@ def build(name: str, progress: Progress) -> Path:
     if out.exists():
         return out
     go = binaries.find_go()
-    env = {**os.environ, "CGO_ENABLED": "0"}
+    env = {**os.environ, "CGO_ENABLED": "1" if name in CGO_TOOLS else "0"}
     deps = binaries._run([go, "list", "-deps", "-f", "{{.ImportPath}}", "."], src, env, name)
     tmp = comp.bin_dir.with_name(comp.bin_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
