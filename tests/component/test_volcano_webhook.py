@@ -182,4 +182,12 @@ def test_a_capability_beyond_int64_is_answered_not_a_500(client: httpx.Client) -
     assert post(client, "/queues/validate", review(q, resource="queues"))["allowed"] is True
 
 
+def test_a_null_uid_is_answered_with_an_empty_one(client: httpx.Client) -> None:
+    """Found by test_fuzz.py: the answer carried ``"uid": null``, outside the protocol."""
+    body = review(sample("queue.yaml"), resource="queues")
+    body["request"]["uid"] = None
+    out = client.post("/queues/mutate", json=body).json()["response"]
+    assert out["uid"] == "" and isinstance(out["allowed"], bool)
+
+
 # Hostile bodies for every route: tests/component/test_fuzz.py (the shared harness).
