@@ -231,10 +231,10 @@ def _request(body: Any) -> Obj:
         meta = (obj or {}).get("metadata")
         if meta is not None and not isinstance(meta, dict):
             raise ReviewError(f"request.{key}.metadata must be an object")
-        for field in ("labels", "annotations"):
-            value = (meta or {}).get(field)
+        for name in ("labels", "annotations"):
+            value = (meta or {}).get(name)
             if value is not None and not isinstance(value, dict):
-                raise ReviewError(f"request.{key}.metadata.{field} must be a map of strings")
+                raise ReviewError(f"request.{key}.metadata.{name} must be a map of strings")
     if request.get("namespace") is not None and not isinstance(request["namespace"], str):
         raise ReviewError("request.namespace must be a string")
     return request
