@@ -43,14 +43,19 @@ Obj = Mapping[str, Any]
 ResourceList = dict[str, Decimal]
 
 
+INT64_MAX = 2**63 - 1
+
+
 def value_of(q: Decimal) -> int:
-    """resource.Quantity.Value(): whole units, rounded up."""
-    return math.ceil(q)
+    """resource.Quantity.Value(): whole units, rounded up; an int64 in Go, so a quantity
+    beyond it ("1e400") is held at the int64 bounds here (lab: Go's result is not
+    specified for those; a bound keeps it a number floats can add)."""
+    return max(-INT64_MAX - 1, min(INT64_MAX, math.ceil(q)))
 
 
 def milli_value_of(q: Decimal) -> int:
-    """resource.Quantity.MilliValue(): thousandths, rounded up."""
-    return math.ceil(q * 1000)
+    """resource.Quantity.MilliValue(): thousandths, rounded up; bounded as value_of."""
+    return max(-INT64_MAX - 1, min(INT64_MAX, math.ceil(q * 1000)))
 
 
 def is_native_resource(name: str) -> bool:

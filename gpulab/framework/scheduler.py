@@ -74,6 +74,7 @@ from gpulab.informer import (
     Store,
     resource_version,
 )
+from gpulab.probes import GetOnly
 from gpulab.trace import Tracer
 
 _log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ def serve_healthz(sock: socket.socket, ready: threading.Event) -> http.server.HT
     """/healthz (and /readyz): 200 once the informers have synced, else 503 (what
     kube-scheduler's health endpoints answer; plain HTTP here)."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(GetOnly):
         def do_GET(self) -> None:
             if self.path not in ("/healthz", "/readyz"):
                 self.send_error(404)

@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from gpulab.gpuoperator import api, controls, nodelabels, render, states
 from gpulab.informer import NODES, Handlers, Informer, ListWatch, Obj, Resource, Store, key_of
+from gpulab.probes import GetOnly
 from gpulab.trace import ObjectRef, Tracer
 from gpulab.wait import retry_call
 from gpulab.workqueue import WorkQueue, run_worker
@@ -470,7 +471,7 @@ def _split(address: str, default_port: int) -> tuple[str, int]:
     return (host or "0.0.0.0"), int(port or default_port)
 
 
-class _Probes(http.server.BaseHTTPRequestHandler):
+class _Probes(GetOnly):
     synced: threading.Event
 
     def do_GET(self) -> None:

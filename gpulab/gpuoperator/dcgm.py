@@ -52,6 +52,7 @@ from typing import Any
 import yaml
 
 from gpulab.errors import CLIError
+from gpulab.probes import GetOnly
 
 _log = logging.getLogger("gpulab.gpuoperator.dcgm")
 
@@ -427,7 +428,7 @@ def serve(
 ) -> http.server.ThreadingHTTPServer:
     kept = [c for c in counters if c.field in READABLE]
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(GetOnly):
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, b"OK", "text/plain")

@@ -100,10 +100,13 @@ def _label_key_errors(name: str) -> list[str]:
 
 
 def _quantity(value: Any) -> Decimal | None:
+    """The quantity, or None for what is not one (the CRD schema refuses those first);
+    "NaN" and "Infinity" parse as Decimals but are not quantities either."""
     try:
-        return parse_quantity(value)
+        q = parse_quantity(value)
     except (ValueError, TypeError):
         return None
+    return q if q.is_finite() else None
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -180,9 +183,12 @@ def _resource_groups(
                             )
                         )
             name = fq.get("name")
-            if name in seen_flv:
+            if not isinstance(name, str):
+                errs.append(invalid(f"{p}.name", name, "must be a string"))
+            elif name in seen_flv:
                 errs.append(duplicate(f"{p}.name", name))
-            seen_flv.add(name)
+            else:
+                seen_flv.add(name)
     return errs
 
 
@@ -363,8 +369,13 @@ def validate_workload(wl: Obj, old: Obj | None = None) -> list[str]:
                     f"status.admission.podSetAssignments[{i}].name: "
                     f"Not found: {_fmt(psa.get('name'))}"
                 )
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            errs.append(invalid(f"spec.podSets[{i}].name", name, "must be a string"))
     counts = {
-        _as_map(ps).get("name", api.DEFAULT_POD_SET): _as_map(ps).get("count", 1) for ps in pod_sets
+        name: _as_map(ps).get("count", 1)
+        for name, ps in zip(names, pod_sets, strict=True)
+        if isinstance(name, str)
     }
     for rp in _as_list(status.get("reclaimablePods")):
         rp = _as_map(rp)

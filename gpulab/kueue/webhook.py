@@ -224,8 +224,17 @@ def _request(body: Any) -> Obj:
     if request.get("operation") not in ("CREATE", "UPDATE", "DELETE", "CONNECT"):
         raise ReviewError("request.operation must be CREATE, UPDATE, DELETE or CONNECT")
     for key in ("object", "oldObject"):
-        if request.get(key) is not None and not isinstance(request[key], dict):
+        obj = request.get(key)
+        if obj is not None and not isinstance(obj, dict):
             raise ReviewError(f"request.{key} must be an object")
+        # ObjectMeta's maps, as the decoder types them (every defaulter reads labels)
+        meta = (obj or {}).get("metadata")
+        if meta is not None and not isinstance(meta, dict):
+            raise ReviewError(f"request.{key}.metadata must be an object")
+        for name in ("labels", "annotations"):
+            value = (meta or {}).get(name)
+            if value is not None and not isinstance(value, dict):
+                raise ReviewError(f"request.{key}.metadata.{name} must be a map of strings")
     if request.get("namespace") is not None and not isinstance(request["namespace"], str):
         raise ReviewError("request.namespace must be a string")
     return request

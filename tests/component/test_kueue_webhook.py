@@ -173,3 +173,71 @@ def test_an_idle_keep_alive_connection_is_not_closed_under_the_api_server(
             resp.read()
     finally:
         conn.close()
+
+
+# -- bodies the fuzz (test_fuzz.py) found answered by an exception ----------------------------
+
+
+def _cq(name: Any = "a100", quota: Any = 4) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "cq"},
+        "spec": {
+            "resourceGroups": [
+                {
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": name,
+                            "resources": [{"name": "nvidia.com/gpu", "nominalQuota": quota}],
+                        }
+                    ],
+                }
+            ]
+        },
+    }
+
+
+def _reviewed(path: str, obj: dict[str, Any]) -> dict[str, Any]:
+    body = fixture("admission-review-job.json")
+    body["request"]["object"] = obj
+    return webhook.review(path, body, webhook.Lookups())["response"]
+
+
+@pytest.mark.parametrize("labels", [True, -1, "x", [None]])
+def test_labels_that_are_not_a_map_are_refused_by_name(labels: Any) -> None:
+    job = fixture("admission-review-job.json")["request"]["object"]
+    job["metadata"]["labels"] = labels
+    out = _reviewed("/mutate-batch-v1-job", job)
+    assert out["allowed"] is False and out["status"]["code"] == 400
+    assert out["status"]["message"] == "request.object.metadata.labels must be a map of strings"
+
+
+def test_a_flavor_name_that_is_not_a_string_is_a_field_error() -> None:
+    out = _reviewed("/validate-kueue-x-k8s-io-v1beta2-clusterqueue", _cq(name=[]))
+    assert out["allowed"] is False
+    assert (
+        "spec.resourceGroups[0].flavors[0].name: Invalid value: []: must be a string"
+        in (out["status"]["message"])
+    )
+
+
+def test_a_pod_set_name_that_is_not_a_string_is_a_field_error() -> None:
+    wl = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "w", "namespace": "team"},
+        "spec": {"queueName": "lq", "podSets": [{"name": {"metadata": {}}, "count": 1}]},
+    }
+    out = _reviewed("/validate-kueue-x-k8s-io-v1beta2-workload", wl)
+    assert out["allowed"] is False
+    assert (
+        'spec.podSets[0].name: Invalid value: {"metadata":{}}: must be a string'
+        in (out["status"]["message"])
+    )
+
+
+def test_a_nan_quantity_is_not_an_exception() -> None:
+    out = _reviewed("/validate-kueue-x-k8s-io-v1beta2-clusterqueue", _cq(quota="NaN"))
+    assert out["allowed"] is True  # not a quantity: the CRD schema refuses it before us

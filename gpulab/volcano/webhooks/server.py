@@ -167,7 +167,8 @@ def answer(review: Review, raw: bytes) -> Obj:
         try:
             request = schema.review_request(body)
             uid = request["uid"] if isinstance(request.get("uid"), str) else ""
-            response = review(request)
+            # a JSON null uid decodes to "" in Go (types.UID); answer with that, not null
+            response = {**review(request), "uid": uid}
         except schema.DecodeError as exc:
             response = refused(uid, str(exc))
         except RecursionError:  # a copy or a patch of an object nested as deep as it parses

@@ -1,0 +1,434 @@
+"""One fuzz harness for every HTTP endpoint the lab serves.
+
+``bodies`` makes seeded hostile bodies from one valid example: random bytes, truncated
+JSON, JSON nested past the decoder's recursion limit (and deep but legal), a wrong type at
+each path of the example in turn, random replace/drop/retype mutations, and one body over
+the endpoint's size limit every 200 rounds. ``queries`` does the same for GET endpoints:
+hostile query strings, paths and methods.
+
+``run`` sends them to one endpoint over a real HTTP(S) client and records, per endpoint:
+answers, refusals, 5xx, dropped connections, slow answers, answers outside the protocol,
+refusals without a reason, and refusals an exception wrote ("could not answer",
+"malformed object:", KeyError text, tracebacks: a bug, not a refusal). ``Report.check``
+fails on any of those, on an endpoint whose accept or reject path never ran, and on a
+server that no longer answers the valid example afterwards.
+
+``GPULAB_FUZZ_ROUNDS`` sets the bodies per endpoint (1,000 by default, as in CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+ROUNDS = int(os.environ.get("GPULAB_FUZZ_ROUNDS", "1000"))
+DEADLINE = 2.0  # seconds for any one answer
+JUNK: list[Any] = [
+    None,
+    True,
+    0,
+    -1,
+    2**70,
+    1.5,
+    "",
+    "x",
+    "abc",
+    [],
+    {},
+    [None],
+    {"": None},
+    "\u0000",
+    "💥" * 50,
+    {"nested": {"deeper": [1, {"x": None}]}},
+    ["nvidia.com/gpu"],
+    "-5",
+    "1e400",
+    "NaN",
+]
+# text only an exception writes: such an answer is a bug, not a refusal
+BUG_MARKERS = ("could not answer", "malformed object:", "KeyError", "Traceback", "internal error")
+
+
+class OutOfProtocol(Exception):
+    """The answer is not what the endpoint's protocol allows."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    accepted: bool
+    message: str = ""  # a refusal's reason
+
+
+# reads one response; raises OutOfProtocol when it is not a protocol answer
+Judge = Callable[[httpx.Response], Answer]
+# an endpoint's own hostile body and the word its refusal must carry (None: any reason)
+Extra = Callable[[random.Random], tuple[bytes, str | None]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    path: str
+    example: Any  # a valid body (POST) or None (GET)
+    judge: Judge
+    max_body: int = 3 << 20
+    method: str = "POST"
+    extra: Extra | None = None  # endpoint-specific hostile shapes, one round in five
+    example_accepted: bool = True  # False: the example is answered in protocol, refused
+    bug_markers: tuple[str, ...] = BUG_MARKERS
+
+
+# -- bodies ---------------------------------------------------------------------------------
+
+
+def mutate(rng: random.Random, obj: Any, depth: int = 0) -> Any:
+    """Replace, drop or retype one random part of ``obj``."""
+    if isinstance(obj, dict) and obj and depth < 10 and rng.random() < 0.85:
+        key = rng.choice(list(obj))
+        out = dict(obj)
+        roll = rng.random()
+        if roll < 0.2:
+            del out[key]
+        elif roll < 0.4:
+            out[key] = rng.choice(JUNK)
+        else:
+            out[key] = mutate(rng, obj[key], depth + 1)
+        return out
+    if isinstance(obj, list) and obj and depth < 10 and rng.random() < 0.85:
+        out = list(obj)
+        i = rng.randrange(len(out))
+        out[i] = mutate(rng, out[i], depth + 1)
+        return out
+    return rng.choice(JUNK)
+
+
+def paths(obj: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every path (keys and indexes) inside ``obj``, the root excluded."""
+    items = (
+        obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    )
+    for key, value in items:
+        yield (*prefix, key)
+        yield from paths(value, (*prefix, key))
+
+
+def put(obj: Any, where: tuple[Any, ...], value: Any) -> Any:
+    """A copy of ``obj`` with ``value`` at ``where`` (copied along the path only)."""
+    if not where:
+        return value
+    out = dict(obj) if isinstance(obj, dict) else list(obj)
+    out[where[0]] = put(obj[where[0]], where[1:], value)
+    return out
+
+
+def raw(rng: random.Random, text: bytes) -> bytes:
+    roll = rng.randrange(8)
+    if roll == 0:
+        return bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 300)))
+    if roll == 1:
+        return b"[" * 100_000 + b"]" * 100_000  # nesting beyond the recursion limit
+    if roll == 2:
+        return b'{"request": ' + b'{"x": ' * 3000 + b"1" + b"}" * 3000 + b"}"
+    if roll == 3:
+        return (b'{"a":' * 900) + b"1" + (b"}" * 900)  # deep but legal
+    if roll == 4:
+        return text[: rng.randrange(1, len(text))]  # truncated
+    if roll == 5:
+        return rng.choice([b"", b"null", b"[1, 2, 3]", b'"review"', b"NaN", b"\xff\xfe\x00{}"])
+    if roll == 6:
+        return b'{"x": ' + text  # unterminated object around the example
+    return text.replace(b":", b"=", 1)
+
+
+def oversized(limit: int) -> bytes:
+    return b'{"request": "' + b"x" * (limit + 1) + b'"}'
+
+
+@dataclass
+class Body:
+    content: bytes
+    kind: str  # raw | wrong-type | mutated | extra | oversize
+    word: str | None = None  # what the refusal must say, where known
+
+
+def bodies(rng: random.Random, endpoint: Endpoint, rounds: int) -> Iterator[Body]:
+    example = endpoint.example
+    text = json.dumps(example).encode()
+    where = list(paths(example))
+    rng.shuffle(where)
+    for i in range(rounds):
+        if i % 200 == 7:
+            yield Body(oversized(endpoint.max_body), "oversize")
+        elif i % 5 == 0:
+            yield Body(raw(rng, text), "raw")
+        elif i % 5 in (1, 2) and where:  # every path of the example, in turn
+            target = where[(i // 5 * 2 + i % 5 - 1) % len(where)]
+            yield Body(json.dumps(put(example, target, rng.choice(JUNK))).encode(), "wrong-type")
+        elif i % 5 == 3 and endpoint.extra is not None:
+            content, word = endpoint.extra(rng)
+            yield Body(content, "extra", word)
+        else:
+            yield Body(json.dumps(mutate(rng, example)).encode(), "mutated")
+
+
+HOSTILE_SUFFIXES = [
+    "/../../etc/passwd",
+    "/%2e%2e/%2e%2e",
+    "/%00",
+    "/" + "a" * 4000,
+    "//",
+    "/%ff%fe",
+    "/💥",
+    "/.;/x",
+]
+HOSTILE_QUERIES = [
+    "?" + "a=" + "b" * 4000,
+    "?namespace=%00",
+    "?namespace=" + "%" * 50,
+    "?x=1&x=2&x=3&" + "&".join(f"k{i}=v" for i in range(300)),
+    "?name[]=1",
+    "?=",
+    "?namespace=💥",
+    "?%ff=%fe",
+]
+METHODS = ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
+
+
+def requests(rng: random.Random, path: str, rounds: int) -> Iterator[tuple[str, str, bytes]]:
+    """Hostile (method, url, body) triples for a GET endpoint."""
+    for i in range(rounds):
+        roll = i % 4
+        if roll == 0:
+            yield "GET", path + rng.choice(HOSTILE_QUERIES), b""
+        elif roll == 1:
+            yield "GET", path.rstrip("/") + rng.choice(HOSTILE_SUFFIXES), b""
+        elif roll == 2:
+            yield rng.choice(METHODS), path, bytes(rng.getrandbits(8) for _ in range(64))
+        else:
+            junk = "".join(rng.choice("abc%/?&=#;:.~ ") for _ in range(rng.randrange(1, 40)))
+            yield "GET", path + "?" + junk.replace(" ", "%20").replace("#", "%23"), b""
+
+
+# -- runner ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    path: str
+    counts: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    slowest: float = 0.0
+    alive_after: bool = False
+
+    def fail(self, kind: str, text: str) -> None:
+        self.counts[kind] += 1
+        if len(self.failures) < 20:
+            self.failures.append(f"{self.path}: {kind}: {text}")
+
+    def check(self, both_paths: bool = True) -> None:
+        bad = {k: self.counts[k] for k in FAILURES if self.counts[k]}
+        assert not bad, f"{bad}; e.g. {self.failures[:5]}"
+        assert self.alive_after, f"{self.path} did not answer the valid example after the fuzz"
+        if both_paths:  # the accept and the reject path both ran
+            assert self.counts["accepted"] and self.counts["refused"], dict(self.counts)
+
+
+FAILURES = (
+    "5xx",
+    "dropped",
+    "slow",
+    "out of protocol",
+    "no reason",
+    "bug",
+    "missed word",
+    "accepted oversize",
+)
+
+
+def _record(report: Report, endpoint: Endpoint, resp: httpx.Response, body: Body | None) -> None:
+    label = repr(body.content[:120]) if body else resp.request.url.raw_path[:120].decode()
+    if resp.status_code >= 500:
+        report.fail("5xx", f"HTTP {resp.status_code} for {label}: {resp.text[:200]}")
+        return
+    try:
+        answer = endpoint.judge(resp)
+    except (OutOfProtocol, ValueError, KeyError, TypeError, AttributeError) as exc:
+        report.fail("out of protocol", f"{exc!s:.200} for {label}: {resp.text[:200]}")
+        return
+    if answer.accepted:
+        report.counts["accepted"] += 1
+        if body is not None and body.kind == "oversize":
+            report.fail("accepted oversize", label)
+        elif body is not None and body.word is not None:
+            report.fail("missed word", f"accepted {label}")
+        return
+    report.counts["refused"] += 1
+    if not answer.message.strip():
+        report.fail("no reason", f"HTTP {resp.status_code} for {label}")
+    elif any(marker in answer.message for marker in endpoint.bug_markers):
+        report.fail("bug", f"{answer.message[:200]} for {label}")
+    elif body is not None and body.word is not None:
+        report.counts["named"] += 1
+        if body.word not in answer.message:
+            report.fail("missed word", f"{answer.message[:200]!r} lacks {body.word!r}")
+
+
+def _send(
+    client: httpx.Client, report: Report, method: str, url: str, content: bytes
+) -> httpx.Response | None:
+    start = time.monotonic()
+    try:
+        resp = client.request(
+            method, url, content=content, headers={"Content-Type": "application/json"}
+        )
+    except httpx.TransportError as exc:
+        report.fail("dropped", f"{type(exc).__name__}: {exc} for {url[:120]}")
+        return None
+    took = time.monotonic() - start
+    report.slowest = max(report.slowest, took)
+    if took > DEADLINE:
+        report.fail("slow", f"{took:.1f}s for {content[:120]!r}")
+    return resp
+
+
+def run(client: httpx.Client, endpoint: Endpoint, rounds: int = ROUNDS, seed: str = "") -> Report:
+    """Send ``rounds`` hostile requests to ``endpoint``, then the valid example."""
+    rng = random.Random(f"gpulab-fuzz-{seed}-{endpoint.method}-{endpoint.path}")
+    report = Report(endpoint.path)
+    if endpoint.method == "POST":
+        for body in bodies(rng, endpoint, rounds):
+            report.counts[body.kind] += 1
+            resp = _send(client, report, "POST", endpoint.path, body.content)
+            if resp is not None:
+                _record(report, endpoint, resp, body)
+        resp = _send(client, report, "POST", endpoint.path, json.dumps(endpoint.example).encode())
+    else:
+        for method, url, content in requests(rng, endpoint.path, rounds):
+            report.counts[method] += 1
+            resp = _send(client, report, method, url, content)
+            if resp is not None:
+                _record(report, endpoint, resp, None)
+        resp = _send(client, report, "GET", endpoint.path, b"")
+    try:
+        answer = endpoint.judge(resp) if resp is not None else None
+    except OutOfProtocol:
+        answer = None
+    report.alive_after = answer is not None and (answer.accepted or not endpoint.example_accepted)
+    return report
+
+
+# -- judges: what each protocol allows ------------------------------------------------------
+
+
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError as exc:
+        raise OutOfProtocol(f"not JSON: {exc}") from exc
+
+
+def _error_body(resp: httpx.Response) -> Answer:
+    """A 4xx with ``{"error": "..."}``."""
+    body = _json(resp)
+    if not isinstance(body, dict) or not isinstance(body.get("error"), str):
+        raise OutOfProtocol(f"HTTP {resp.status_code} without an error text")
+    return Answer(False, body["error"])
+
+
+def admission_review(resp: httpx.Response) -> Answer:
+    """An AdmissionReview answer (200), or a 400/413 with an error text."""
+    if resp.status_code in (400, 413):
+        return _error_body(resp)
+    if resp.status_code != 200:
+        raise OutOfProtocol(f"HTTP {resp.status_code}")
+    response = _json(resp).get("response")
+    if not isinstance(response, dict) or not isinstance(response.get("uid"), str):
+        raise OutOfProtocol("no response with a uid")
+    if not isinstance(response.get("allowed"), bool):
+        raise OutOfProtocol("response.allowed is not a bool")
+    if response["allowed"]:
+        return Answer(True)
+    status = response.get("status") or {}
+    # upstream Volcano refuses with a Status that has a message and no code
+    if status.get("code") not in (None, 400, 403, 422):
+        raise OutOfProtocol(f"a refusal with code {status.get('code')!r}")
+    return Answer(False, str(status.get("message") or ""))
+
+
+def conversion_review(resp: httpx.Response) -> Answer:
+    """A ConversionReview answer (200), or a 400/413 with an error text. Kueue's old
+    catch-all wrote "malformed <Kind>: ..."; such text counts as a bug."""
+    if resp.status_code in (400, 413):
+        return _error_body(resp)
+    if resp.status_code != 200:
+        raise OutOfProtocol(f"HTTP {resp.status_code}")
+    response = _json(resp).get("response")
+    if not isinstance(response, dict) or not isinstance(response.get("uid"), str):
+        raise OutOfProtocol("no response with a uid")
+    result = response.get("result") or {}
+    if result.get("status") == "Success":
+        if not isinstance(response.get("convertedObjects"), list):
+            raise OutOfProtocol("Success without convertedObjects")
+        return Answer(True)
+    if result.get("status") != "Failure":
+        raise OutOfProtocol(f"result.status {result.get('status')!r}")
+    message = str(result.get("message") or "")
+    if message.startswith("malformed "):
+        message = "malformed object: " + message
+    return Answer(False, message)
+
+
+FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+def extender_filter(resp: httpx.Response) -> Answer:
+    """ExtenderFilterResult, always 200 (HAMi v2.10.0 writes errors into ``Error``)."""
+    body = _json(resp)
+    if resp.status_code != 200 or not isinstance(body, dict) or set(body) != FILTER_KEYS:
+        raise OutOfProtocol(f"HTTP {resp.status_code}, not an ExtenderFilterResult")
+    if not isinstance(body["Error"], str):
+        raise OutOfProtocol("Error is not a string")
+    return Answer(not body["Error"], body["Error"])
+
+
+def extender_bind(resp: httpx.Response) -> Answer:
+    """ExtenderBindingResult, always 200."""
+    body = _json(resp)
+    if resp.status_code != 200 or not isinstance(body, dict) or set(body) != {"Error"}:
+        raise OutOfProtocol(f"HTTP {resp.status_code}, not an ExtenderBindingResult")
+    if not isinstance(body["Error"], str):
+        raise OutOfProtocol("Error is not a string")
+    return Answer(not body["Error"], body["Error"])
+
+
+def admission_review_200(resp: httpx.Response) -> Answer:
+    """HAMi's /webhook: always 200 with an AdmissionReview (controller-runtime's way)."""
+    if resp.status_code != 200:
+        raise OutOfProtocol(f"HTTP {resp.status_code}")
+    return admission_review(resp)
+
+
+def get(ok: tuple[int, ...] = (200,)) -> Judge:
+    """A GET endpoint: ``ok`` statuses answer; a 4xx is a refusal whose reason is its body
+    or, for an empty body (HEAD), its reason phrase; a redirect (Starlette's for
+    ``/healthz/``) is a refusal that names where to go."""
+
+    def judge(resp: httpx.Response) -> Answer:
+        if resp.status_code in ok:
+            return Answer(True)
+        if resp.status_code in (301, 302, 307, 308):
+            if not resp.headers.get("location"):
+                raise OutOfProtocol(f"HTTP {resp.status_code} without a Location")
+            return Answer(False, f"redirect to {resp.headers['location']}")
+        if 400 <= resp.status_code < 500:
+            return Answer(False, resp.text or resp.reason_phrase)
+        raise OutOfProtocol(f"HTTP {resp.status_code}")
+
+    return judge
