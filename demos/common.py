@@ -41,6 +41,8 @@ console = DemoConsole(highlight=False, soft_wrap=True)
 # how often a LiveTrace looks for held lines whose time has come (well under narrate.HOLD)
 TICK = 0.1
 INDENT = "  "  # trace lines sit under the ▶ and ✔ lines
+# the compact line's width where no terminal sets one: the note whole, on one line
+UNCUT = 100_000
 COUNT_LEGEND = "(xN): the same Event N times, as client-go's series counts it"
 
 
@@ -232,11 +234,16 @@ class LiveTrace:
                 self._print(self._narrator.due(time.monotonic()))
 
     def _print(self, told: list[narrate.Told]) -> None:
-        width = None if self.verbose else console.width - len(INDENT)
+        # compact only on a terminal: a file or a pipe (CI logs, `| tee`) has no width to
+        # keep to, so its lines stay whole (one line each, GPU UUIDs shortened)
+        fitted = not self.verbose and console.is_terminal
+        width = console.width - len(INDENT) if fitted else None if self.verbose else UNCUT
         # compact: a line whose head alone (an object's long name) is too wide is cut too
         cut: dict[str, Any] = (
-            {} if self.verbose else {"soft_wrap": False, "no_wrap": True, "overflow": "ellipsis"}
+            {"soft_wrap": False, "no_wrap": True, "overflow": "ellipsis"} if fitted else {}
         )
+        if not fitted and not self.verbose:
+            cut = {"soft_wrap": True}
         for line in told:
             markup = INDENT + trace.render_line(line.event, late=line.late, width=width)
             # Console's own print: the demo console's would flush this trace again

@@ -36,7 +36,8 @@ class FakeInformer:
 @pytest.fixture
 def screen(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     out = io.StringIO()
-    demo_console = common.DemoConsole(file=out, width=200, color_system=None)
+    # a terminal 200 cells wide (colourless, so the text can be compared)
+    demo_console = common.DemoConsole(file=out, width=200, color_system=None, force_terminal=True)
     monkeypatch.setattr(common, "console", demo_console)
     monkeypatch.setattr(common, "NARRATION", common.Narration())
     monkeypatch.setattr(informer, "Informer", FakeInformer)
@@ -167,6 +168,17 @@ def test_lines_fit_the_terminal_unless_verbose(screen: io.StringIO) -> None:
     with live_trace(verbose=True):
         feed_events(event("Filter", "a-2", at=0.0, note=LONG), trace=1)
     assert LONG.strip() in screen.getvalue().replace("\n", "")
+
+
+def test_a_file_or_pipe_gets_each_line_whole(
+    screen: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `make demo-x | tee run.log`, CI: no terminal width to keep to, nothing cut
+    monkeypatch.setattr(common.console, "_force_terminal", False)
+    with live_trace():
+        feed_events(event("Filter", "a-1", at=0.0, note=LONG))
+    (line,) = printed(screen)
+    assert line.endswith(" ".join(LONG.split())) and "…" not in line
 
 
 def test_the_count_is_explained_once_with_the_first_line_that_shows_one(
