@@ -20,6 +20,7 @@ from gpulab.dashboard import chain
 from gpulab.wait import wait_for
 from harness.backends import Backend, ensure_up
 from harness.errors import HarnessError
+from harness.local import LocalCluster
 from harness.spec import ClusterSpec
 from harness.spec import load as load_spec
 
@@ -52,6 +53,7 @@ class Narration:
 
     verbose: bool = False  # --verbose: trace lines in full, not fitted to the terminal
     counts_told: bool = False  # the (xN) legend went out (once, with the first count)
+    pod_writer: str = narrate.KWOK_KUBELET  # who writes pod phases on the demo's backend
 
 
 NARRATION = Narration()
@@ -76,6 +78,8 @@ def ensure_backend(
 
     spec = load_spec(args.spec)
     backend = ensure_up(spec, args.backend, progress)
+    if not isinstance(backend, LocalCluster):
+        NARRATION.pod_writer = narrate.KUBELET
     for addon in addons:
         backend.ensure_addon(addon, progress)
     _serve_dashboard(getattr(args, "dashboard", None), backend)
@@ -274,7 +278,7 @@ class LiveTrace:
             if not phase or self._phases.get(name) == phase:
                 return
             self._phases[name] = phase
-            ev = narrate.pod_phase_event(pod, dt.datetime.now(dt.UTC))
+            ev = narrate.pod_phase_event(pod, dt.datetime.now(dt.UTC), NARRATION.pod_writer)
             self._narrator.add(ev, time.monotonic())
 
     def write_diagram(self, path: Path) -> None:

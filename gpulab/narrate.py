@@ -91,8 +91,10 @@ CHAINS: dict[str, tuple[str, ...]] = {
 }
 _RANKS = {kind: {step: i for i, step in enumerate(steps)} for kind, steps in CHAINS.items()}
 
-# what the pod lines name as their writer (kwok plays the kubelet on the local backend)
-KUBELET = "kwok (kubelet)"
+# what the pod lines name as their writer: kwok plays the kubelet on the local backend;
+# kind's nodes (and an existing cluster's) run the real one
+KWOK_KUBELET = "kwok (kubelet)"
+KUBELET = "kubelet"
 
 
 def rank(ev: TraceEvent) -> int | None:
@@ -121,7 +123,9 @@ def causal_order(events: Sequence[TraceEvent]) -> list[TraceEvent]:
     return result
 
 
-def pod_phase_event(pod: Mapping[str, Any], seen: dt.datetime) -> TraceEvent:
+def pod_phase_event(
+    pod: Mapping[str, Any], seen: dt.datetime, writer: str = KWOK_KUBELET
+) -> TraceEvent:
     """A pod's phase, from the pod watch, as a step of its story (``Pod Running``).
 
     Dated when the watch delivered it: a pod's status carries whole-second times at best,
@@ -131,7 +135,7 @@ def pod_phase_event(pod: Mapping[str, Any], seen: dt.datetime) -> TraceEvent:
     node = (pod.get("spec") or {}).get("nodeName")
     return TraceEvent(
         time=seen,
-        component=KUBELET,
+        component=writer,
         step=f"Pod {(pod.get('status') or {}).get('phase')}",
         regarding=f"Pod {meta.get('namespace')}/{meta['name']}",
         note=f"on {node}" if node else "",

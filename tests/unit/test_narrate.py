@@ -133,3 +133,6 @@ def test_pod_phase_lines_are_steps_of_the_pod_dated_when_seen() -> None:
         "on gpu-a100-0",
         T0,
     )
+    # kwok writes the phases on the local backend, the real kubelet on kind
+    assert ev.component == "kwok (kubelet)"
+    assert pod_phase_event(pod, T0, "kubelet").component == "kubelet"
