@@ -342,8 +342,8 @@ def _error_body(resp: httpx.Response) -> Answer:
     return Answer(False, body["error"])
 
 
-def admission_review(resp: httpx.Response) -> Answer:
-    """An AdmissionReview answer (200), or a 400/413 with an error text."""
+def _review_response(resp: httpx.Response) -> dict[str, Any] | Answer:
+    """A review's ``response`` (200), or the Answer of a 400/413 with an error text."""
     if resp.status_code in (400, 413):
         return _error_body(resp)
     if resp.status_code != 200:
@@ -351,6 +351,14 @@ def admission_review(resp: httpx.Response) -> Answer:
     response = _json(resp).get("response")
     if not isinstance(response, dict) or not isinstance(response.get("uid"), str):
         raise OutOfProtocol("no response with a uid")
+    return response
+
+
+def admission_review(resp: httpx.Response) -> Answer:
+    """An AdmissionReview answer (200), or a 400/413 with an error text."""
+    response = _review_response(resp)
+    if isinstance(response, Answer):
+        return response
     if not isinstance(response.get("allowed"), bool):
         raise OutOfProtocol("response.allowed is not a bool")
     if response["allowed"]:
@@ -365,13 +373,9 @@ def admission_review(resp: httpx.Response) -> Answer:
 def conversion_review(resp: httpx.Response) -> Answer:
     """A ConversionReview answer (200), or a 400/413 with an error text. Kueue's old
     catch-all wrote "malformed <Kind>: ..."; such text counts as a bug."""
-    if resp.status_code in (400, 413):
-        return _error_body(resp)
-    if resp.status_code != 200:
-        raise OutOfProtocol(f"HTTP {resp.status_code}")
-    response = _json(resp).get("response")
-    if not isinstance(response, dict) or not isinstance(response.get("uid"), str):
-        raise OutOfProtocol("no response with a uid")
+    response = _review_response(resp)
+    if isinstance(response, Answer):
+        return response
     result = response.get("result") or {}
     if result.get("status") == "Success":
         if not isinstance(response.get("convertedObjects"), list):

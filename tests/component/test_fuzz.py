@@ -19,7 +19,6 @@ import ssl
 import sys
 import threading
 import tracemalloc
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import uvicorn
 import yaml
 from starlette.routing import Mount, Route
 from test_hami_extender import World, filter_args
+from test_volcano_webhook import review as volcano_review
 
 from gpulab.dashboard import server as dashboard
 from gpulab.dashboard.hub import Hub
@@ -307,31 +307,6 @@ def kueue_examples() -> dict[str, Any]:
 
 
 SAMPLES = ROOT / "manifests" / "volcano" / "samples"
-
-
-def volcano_review(obj: dict[str, Any], operation: str, resource: str) -> dict[str, Any]:
-    """An AdmissionReview as kube-apiserver v1.36 posts it."""
-    group, version = obj["apiVersion"].split("/")
-    gvr = {"group": group, "version": version, "resource": resource}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": group, "version": version, "kind": obj["kind"]},
-            "resource": gvr,
-            "requestKind": {"group": group, "version": version, "kind": obj["kind"]},
-            "requestResource": gvr,
-            "name": obj["metadata"].get("name", ""),
-            "namespace": "default" if resource == "jobs" else "",
-            "operation": operation,
-            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
-            "object": obj,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
 
 
 VOLCANO_OBJECTS: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
