@@ -102,6 +102,7 @@ def section(ks: dict[str, Any]) -> list[str]:
         "|---|---|",
         *[f"| {name} | {t:.0f} s |" for name, t in ks["kind_phases_s"].items()],
         "",
-        "Most of a kind start is node containers booting systemd, kubeadm and loading the "
-        "lab's image into each worker's containerd; the local backend starts processes.",
+        "Most of a kind start is node containers booting systemd and kubeadm's init and "
+        "join (the lab's images are in the node image already, nothing is loaded); the "
+        "local backend starts processes.",
     ]
