@@ -511,11 +511,7 @@ class Scheduler:
             for n, r in results.filter.items()
             if n not in feasible
         }
-        line = f"{len(feasible)}/{len(snapshot)} nodes fit"
-        if feasible:
-            line += f" ({', '.join(feasible)})"
-        if rejected:
-            line += "; " + "; ".join(f"{n}: {why}" for n, why in rejected.items())
+        line = filter_line(feasible, len(snapshot), rejected)
         fwk.trace("Filter", pod, line, warning=not feasible, results=results.filter)
         if result is not None and results.score:
             line = score_line(result.suggested_host, results.score)
@@ -668,6 +664,22 @@ class Scheduler:
         if condition is None and nnn is None:
             return
         self.io.patch_pod_status(pod, condition, nnn)
+
+
+def filter_line(feasible: list[str], total: int, rejected: dict[str, str]) -> str:
+    """The Filter step's note: the nodes that fit, then each reason once with the nodes it
+    rejected (kube-scheduler's FitError counts nodes per reason the same way; naming them
+    one by one repeated the same reason for every node of a kind)."""
+    line = f"{len(feasible)}/{total} nodes fit"
+    if feasible:
+        line += f" ({', '.join(feasible)})"
+    nodes_by_reason: dict[str, list[str]] = {}
+    for node, why in rejected.items():
+        nodes_by_reason.setdefault(why, []).append(node)
+    for why, nodes in nodes_by_reason.items():
+        who = nodes[0] if len(nodes) == 1 else f"{len(nodes)} nodes ({', '.join(nodes)})"
+        line += f"; {who}: {why}"
+    return line
 
 
 def score_line(host: str, scores: Mapping[str, Mapping[str, int]]) -> str:

@@ -30,7 +30,7 @@ from gpulab.framework.plugins.defaultbinder import FILTER_RESULT, FINAL_SCORE_RE
 from gpulab.framework.plugins.imagelocality import ImageLocality
 from gpulab.framework.queue import ACTIVE_Q, UNSCHEDULABLE_Q
 from gpulab.framework.runtime import Framework, FrameworkError, Registry, go_duration
-from gpulab.framework.schedule_one import Algorithm, FitError, score_line
+from gpulab.framework.schedule_one import Algorithm, FitError, filter_line, score_line
 from gpulab.framework.snapshot import NodeInfo, PodInfo, new_snapshot
 from gpulab.informer import PODS, SERVICES
 from gpulab.trace import Tracer
@@ -549,3 +549,19 @@ def test_the_score_step_names_what_decided() -> None:
     assert score_line("b", same) == (
         "b wins: b=50, a=50, c=10; against a: the same per plugin" + tie_note
     )
+
+
+def test_the_filter_step_names_each_reason_once_with_the_nodes_it_rejected() -> None:
+    affinity = "NodeAffinity: node(s) didn't match Pod's node affinity/selector"
+    rejected = {
+        "cpu-only": affinity,
+        "gpu-a100": affinity,
+        "gpu-t4-0": "NodeResourcesFit: Insufficient nvidia.com/gpu",
+        "gpu-h100": affinity,
+    }
+    assert filter_line(["gpu-t4-1"], 5, rejected) == (
+        "1/5 nodes fit (gpu-t4-1); "
+        f"3 nodes (cpu-only, gpu-a100, gpu-h100): {affinity}; "
+        "gpu-t4-0: NodeResourcesFit: Insufficient nvidia.com/gpu"
+    )
+    assert filter_line([], 1, {"n1": affinity}) == f"0/1 nodes fit; n1: {affinity}"
