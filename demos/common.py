@@ -238,16 +238,16 @@ class LiveTrace:
                 self._print(self._narrator.due(time.monotonic()))
 
     def _print(self, told: list[narrate.Told]) -> None:
-        # compact only on a terminal: a file or a pipe (CI logs, `| tee`) has no width to
-        # keep to, so its lines stay whole (one line each, GPU UUIDs shortened)
-        fitted = not self.verbose and console.is_terminal
-        width = console.width - len(INDENT) if fitted else None if self.verbose else UNCUT
-        # compact: a line whose head alone (an object's long name) is too wide is cut too
-        cut: dict[str, Any] = (
-            {"soft_wrap": False, "no_wrap": True, "overflow": "ellipsis"} if fitted else {}
-        )
-        if not fitted and not self.verbose:
-            cut = {"soft_wrap": True}
+        width: int | None = None  # --verbose: the full text
+        cut: dict[str, Any] = {}
+        if not self.verbose and console.is_terminal:
+            width = console.width - len(INDENT)
+            # a line whose head alone (an object's long name) is too wide is cut too
+            cut = {"soft_wrap": False, "no_wrap": True, "overflow": "ellipsis"}
+        elif not self.verbose:
+            # a file or a pipe (CI logs, `| tee`) has no width to keep to: each line whole,
+            # on one line, GPU UUIDs shortened
+            width, cut = UNCUT, {"soft_wrap": True}
         for line in told:
             markup = INDENT + trace.render_line(line.event, late=line.late, width=width)
             # Console's own print: the demo console's would flush this trace again
