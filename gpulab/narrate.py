@@ -198,4 +198,15 @@ class Narrator:
             return False
         if whole_second(ev) < self._second:
             return True
-        return causal_order([*self._last, ev])[-1] is not ev
+        return any(_after(printed, ev) for printed in self._last)
+
+
+def _after(printed: TraceEvent, ev: TraceEvent) -> bool:
+    """Whether ``printed`` happened after ``ev``, within one second: by the call chain's
+    order for steps of one object, else by time, but only where both times have their
+    sub-second part (a core/v1 Event's whole second cannot be placed against a line timed
+    to the microsecond, so it is not called late for that)."""
+    if printed.regarding == ev.regarding and None not in (rank(printed), rank(ev)):
+        return (rank(printed) or 0) > (rank(ev) or 0)
+    precise = printed.time.microsecond and ev.time.microsecond
+    return bool(precise) and printed.time > ev.time

@@ -136,3 +136,15 @@ def test_pod_phase_lines_are_steps_of_the_pod_dated_when_seen() -> None:
     # kwok writes the phases on the local backend, the real kubelet on kind
     assert ev.component == "kwok (kubelet)"
     assert pod_phase_event(pod, T0, "kubelet").component == "kubelet"
+
+
+def test_a_whole_second_event_is_not_late_against_a_line_timed_within_that_second() -> None:
+    # a pod's phase is timed when the watch saw it (microseconds), a core/v1 Event of
+    # another object to the whole second: which came first in that second is unknown
+    n = Narrator()
+    n.add(line(0.6, "Pod Running"), now=0.0)
+    n.drain()
+    whole = line(0.0, "CheckHealth", "Node gpu-h100")
+    assert whole.time.microsecond == 0
+    n.add(whole, now=5.0)
+    assert [t.late for t in n.drain()] == [False]
