@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 from kubernetes import client
@@ -162,15 +164,32 @@ def running_cluster(spec_name: str, options: LabOptions | None = None) -> Iterat
         yield c
 
 
-def run_demo_from_stopped(spec_name: str, run: Callable[[argparse.Namespace], int]) -> None:
-    """`gpulab down; make demo-X` on a local cluster of the demo's shape, stopped after."""
+class _Tee(io.StringIO):
+    """Keeps what is written and passes it on (pytest still shows it on a failure)."""
+
+    def __init__(self, out: TextIO) -> None:
+        super().__init__()
+        self._out = out
+
+    def write(self, text: str) -> int:
+        self._out.write(text)
+        return super().write(text)
+
+
+def run_demo_from_stopped(spec_name: str, run: Callable[[argparse.Namespace], int]) -> str:
+    """`gpulab down; make demo-X` on a local cluster of the demo's shape, stopped after;
+    what the demo printed (for tests/e2e/golden.py's assert_shape)."""
     local = LocalCluster(load(spec_name))
     local.down(print)
     assert not local.running()
+    # the demos' console writes to whatever sys.stdout is, from every thread
+    tee = _Tee(sys.stdout)
     try:
-        assert run(argparse.Namespace(spec=spec_name, backend="local")) == 0
+        with contextlib.redirect_stdout(tee):
+            assert run(argparse.Namespace(spec=spec_name, backend="local")) == 0
     finally:
         local.down(print)
+    return tee.getvalue()
 
 
 @contextlib.contextmanager
