@@ -4,6 +4,7 @@ chapters' call-chain steps the demos show live (issue 34); tests/e2e/golden.py's
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 import sys
 from collections import defaultdict
@@ -34,6 +35,15 @@ def test_every_step_is_live_or_docs_only_with_a_regex_that_compiles() -> None:
                 assert step.seed, f"{where}: a docs-only step is a chapter step (seed ref)"
             if step.seed is not None:
                 assert re.fullmatch(r"(000|003) §\S.*", step.seed), f"{where}: seed {step.seed!r}"
+
+
+def test_no_two_steps_in_a_row_share_a_regex() -> None:
+    """A line may show two steps (the checker lets the next step match the same line), but
+    two steps with one regex would count one fact twice."""
+    for ledger in golden.ledgers():
+        lives = [s.live for s in ledger.steps if s.live is not None]
+        for a, b in itertools.pairwise(lives):
+            assert a != b, f"{ledger.demo}: /{a}/ twice in a row"
 
 
 def test_ledgers_are_named_after_their_demo() -> None:
@@ -100,6 +110,13 @@ def test_the_checker_passes_the_steps_in_order(
 ) -> None:
     _ledger(tmp_path, monkeypatch)
     golden.assert_shape("d", OUTPUT)  # the ANSI codes stripped: the tick's ^✔ matches
+
+
+def test_two_steps_may_share_a_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _ledger(tmp_path, monkeypatch)
+    one_line = OUTPUT.replace("nvidia.com/gpu\n  12:00:02 nvidia-device-plugin", "nvidia.com/gpu;")
+    assert len(one_line.splitlines()) == 3
+    golden.assert_shape("d", one_line)
 
 
 def test_the_checker_names_a_step_out_of_order(
