@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -45,6 +44,7 @@ from gpulab.deviceplugin.rm import (
     ResourceSpec,
 )
 from gpulab.fakegpu.nvml import ENV_CONFIG
+from gpulab.grpcserver import new_server
 from gpulab.trace import ObjectRef, Tracer
 
 _log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             )
         self._stopping.clear()
         self.socket.unlink(missing_ok=True)  # a stale socket from a previous run
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        server = new_server(max_workers=16)
         api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
@@ -311,6 +311,10 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     def ListAndWatch(self, request, context) -> Iterator[api_pb2.ListAndWatchResponse]:
         """The full list now, then again each time devices go Unhealthy."""
         seen = -1
+        # a cancelled stream wakes the loop at once: otherwise it holds a worker thread
+        # until the next wait times out, and a kubelet that reconnects often starves the
+        # pool Allocate is answered from
+        context.add_callback(self._wake)
         while not self._stopping.is_set() and context.is_active():
             with self._cond:
                 if self._version == seen:
@@ -330,6 +334,10 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                 unhealthy=[d.ID for d in devices if d.health != HEALTHY],
             )
             yield api_pb2.ListAndWatchResponse(devices=devices)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def GetPreferredAllocation(self, request, context):
         response = api_pb2.PreferredAllocationResponse()

@@ -6,6 +6,13 @@ manager, which calls ``GetDevicePluginOptions``; ``Run`` consumes ListAndWatch u
 breaks) and ``endpoint.go`` (``allocate``, ``getPreferredAllocation``,
 ``preStartContainer``; all refused once the endpoint is stopped).
 
+Deliberate difference: ``Connect`` first tries connect(2) on the socket once and, when the
+kernel refuses (no such file, not a socket, connection refused, a path too long), fails at
+once with that reason. Kubelet's ``dial`` (``grpc.WithBlock``) keeps retrying until its 10 s
+deadline and answers "failed to dial device plugin: context deadline exceeded"; the lab's
+plugins serve before they register, so only a broken Register waited there, and it held
+the caller for 10 s.
+
 Each registration gets its own Endpoint, and its callbacks carry it, so the manager can
 tell a stale endpoint's late stop from the current one's (see ``manager.py``).
 """
@@ -13,6 +20,8 @@ tell a stale endpoint's late stop from the current one's (see ``manager.py``).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +34,24 @@ _log = logging.getLogger(__name__)
 
 DIAL_TIMEOUT = 10.0  # client.go dial: context.WithTimeout(ctx, 10*time.Second)
 PRE_START_TIMEOUT = 30.0  # KubeletPreStartContainerRPCTimeoutInSecs
+
+
+def _connect_error(path: Path, timeout: float) -> str | None:
+    """What connect(2) says of the plugin's socket, as Go's dialer words it
+    ("dial unix <path>: connect: no such file or directory"); None when it accepts."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        errno = getattr(exc, "errno", None)
+        if not errno:
+            return f"dial unix {path}: connect: {exc}"
+        reason = os.strerror(errno)  # Go's syscall texts are lowercase
+        return f"dial unix {path}: connect: {reason[:1].lower()}{reason[1:]}"
+    finally:
+        sock.close()
+    return None
 
 
 class EndpointError(RuntimeError):
@@ -57,6 +84,10 @@ class Endpoint:
 
         Raises ConnectionError with kubelet's message when either fails.
         """
+        refused = _connect_error(self.socket, timeout)
+        if refused is not None:
+            self.close()
+            raise ConnectionError(f"failed to dial device plugin: {refused}")
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:

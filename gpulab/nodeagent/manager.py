@@ -41,7 +41,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,6 +48,7 @@ from typing import Any, Protocol
 import grpc
 
 from gpulab.deviceplugin.api import api_pb2, api_pb2_grpc
+from gpulab.grpcserver import new_server
 from gpulab.informer import Handlers, Store, key_of
 from gpulab.nodeagent import policy, topology
 from gpulab.nodeagent.endpoint import DIAL_TIMEOUT, Endpoint, EndpointError
@@ -125,7 +125,7 @@ class ManagerImpl(api_pb2_grpc.RegistrationServicer):
         kubelet.sock being created and register again), serve Registration."""
         for stale in self.socket_dir.glob("*.sock"):
             stale.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        server = new_server(max_workers=4)
         api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()

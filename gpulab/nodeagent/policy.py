@@ -28,6 +28,7 @@ ADMISSION_ERROR_REASON = "UnexpectedAdmissionError"
 SUPPORTED_VERSIONS = ("v1beta1",)
 ENDPOINT_STOP_GRACE_PERIOD = 300.0  # kubelet's endpointStopGracePeriod: 5 minutes
 
+# matched whole (fullmatch): a Python "$" also matches before a trailing newline, Go's does not
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -154,9 +155,9 @@ def is_extended_resource_name(name: str) -> bool:
     prefix, short = parts
     return (
         len(prefix) <= 253
-        and bool(_DNS_SUBDOMAIN.match(prefix))
+        and bool(_DNS_SUBDOMAIN.fullmatch(prefix))
         and 0 < len(short) <= 63
-        and bool(_LABEL_NAME.match(short))
+        and bool(_LABEL_NAME.fullmatch(short))
     )
 
 

@@ -1,4 +1,4 @@
-"""One fuzz harness for every HTTP endpoint the lab serves.
+"""One fuzz harness for every HTTP endpoint and gRPC method the lab serves.
 
 ``bodies`` makes seeded hostile bodies from one valid example: random bytes, truncated
 JSON, JSON nested past the decoder's recursion limit (and deep but legal), a wrong type at
@@ -13,6 +13,13 @@ refusals without a reason, and refusals an exception wrote ("could not answer",
 fails on any of those, on an endpoint whose accept or reject path never ran, and on a
 server that no longer answers the valid example afterwards.
 
+``run_grpc`` does the same for one gRPC method (tests/component/test_fuzz_grpc.py): raw
+bytes as the serialized request, the valid example with a hostile value in each field in
+turn, random hostile messages and, every 200 rounds, repeated fields 10,000 long. A status
+grpcio writes for an exception ("Exception calling application", "Exception deserializing
+request!") is a bug; so are a dropped call, an answer over the deadline, a refusal without
+a reason, and one without the word upstream's error carries.
+
 ``GPULAB_FUZZ_ROUNDS`` sets the bodies per endpoint (1,000 by default, as in CI).
 """
 
@@ -23,11 +30,15 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import httpx
+from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
 
 ROUNDS = int(os.environ.get("GPULAB_FUZZ_ROUNDS", "1000"))
 DEADLINE = 2.0  # seconds for any one answer
@@ -436,3 +447,294 @@ def get(ok: tuple[int, ...] = (200,)) -> Judge:
         raise OutOfProtocol(f"HTTP {resp.status_code}")
 
     return judge
+
+
+# -- gRPC -----------------------------------------------------------------------------------
+#
+# The same rounds for a gRPC method: raw bytes as the serialized request (sent through a
+# generic channel.unary_unary with an identity serializer), the valid example with one
+# field set to a hostile value (every field in turn), random hostile messages, and every
+# 200th round the example's repeated fields 10,000 long. A refusal is a status with a
+# reason; the status grpcio writes for an exception in the servicer ("Exception calling
+# application: ...") is a bug, as is one a deserializing exception wrote.
+
+GRPC_BUG_MARKERS = (
+    "Exception calling application",
+    "Exception iterating responses",
+    "Exception deserializing",
+    "Exception serializing",
+    "Traceback",
+)
+# codes a refusal may carry: Go's plain error (Unknown, upstream's way), a request grpc
+# could not decode (Internal, "grpc: error unmarshalling request"), invalid argument,
+# a message over the size limit, a method the server lacks on a dialed socket
+GRPC_REFUSALS = {
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+HOSTILE_STRINGS = ["", "\x00", "x" * 5000, "💥", " ", "a\x00b", "../../etc/passwd", "\n"]
+HOSTILE_INTS = [0, -1, 1, 2, 7, 2**31 - 1, -(2**31)]
+HUGE = 10_000  # items in a repeated field, every 200th round
+
+# a field name -> values it may hold: the valid ones and the hostile ones
+Vocabulary = Mapping[str, Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class GrpcMethod:
+    service: str  # full service name, "v1beta1.DevicePlugin"
+    name: str
+    example: Message
+    vocabulary: Vocabulary
+    # reads an answer to ``request``; raises OutOfProtocol when it is not a protocol answer
+    judge: Callable[[Message, Message], None] = lambda _req, _resp: None
+    # the word a refusal of ``request`` must carry (None: any reason, or an answer)
+    expect: Callable[[Message], str | None] = lambda _req: None
+    # called before every request: state a request consumes is put back (HAMi's pending pod)
+    before: Callable[[], None] = lambda: None
+
+    @property
+    def path(self) -> str:
+        return f"/{self.service}/{self.name}"
+
+    @property
+    def descriptor(self) -> MethodDescriptor:
+        return self.example.DESCRIPTOR.file.services_by_name[
+            self.service.rsplit(".", 1)[-1]
+        ].methods_by_name[self.name]
+
+    @property
+    def streaming(self) -> bool:
+        return self.descriptor.server_streaming
+
+
+def _hostile_value(rng: random.Random, fd: FieldDescriptor, vocabulary: Vocabulary) -> Any:
+    if fd.name in vocabulary:
+        return rng.choice(vocabulary[fd.name])
+    if fd.type == FieldDescriptor.TYPE_BOOL:
+        return rng.random() < 0.5
+    if fd.type == FieldDescriptor.TYPE_STRING:
+        return rng.choice(HOSTILE_STRINGS)
+    return rng.choice(HOSTILE_INTS)
+
+
+def hostile_message(
+    rng: random.Random, cls: type[Message], vocabulary: Vocabulary, depth: int = 0
+) -> Message:
+    """A message of ``cls`` whose every field is left unset or holds a hostile value."""
+    msg = cls()
+    for fd in cls.DESCRIPTOR.fields:
+        if rng.random() < 0.2 or depth > 3:
+            continue
+        if fd.message_type is not None:
+            sub = GetMessageClass(fd.message_type)
+            if _is_repeated(fd):
+                items = getattr(msg, fd.name)
+                for _ in range(rng.choice([0, 1, 1, 2, 3])):
+                    items.add().CopyFrom(hostile_message(rng, sub, vocabulary, depth + 1))
+            else:
+                getattr(msg, fd.name).CopyFrom(hostile_message(rng, sub, vocabulary, depth + 1))
+        elif _is_repeated(fd):
+            getattr(msg, fd.name).extend(
+                _hostile_value(rng, fd, vocabulary) for _ in range(rng.choice([0, 1, 2, 3, 8]))
+            )
+        else:
+            setattr(msg, fd.name, _hostile_value(rng, fd, vocabulary))
+    return msg
+
+
+def _is_repeated(fd: FieldDescriptor) -> bool:
+    return fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+
+
+def message_paths(msg: Message) -> list[tuple[str | int, ...]]:
+    """Every field path of ``msg`` that holds something (repeated items by index)."""
+    out: list[tuple[str | int, ...]] = []
+    for fd, value in msg.ListFields():
+        out.append((fd.name,))
+        if fd.message_type is not None:
+            items = list(value) if _is_repeated(fd) else [value]
+            for i, item in enumerate(items):
+                prefix = (fd.name, i) if _is_repeated(fd) else (fd.name,)
+                out += [(*prefix, *rest) for rest in message_paths(item)]
+    return out
+
+
+def with_hostile_field(
+    rng: random.Random, example: Message, where: tuple[str | int, ...], vocabulary: Vocabulary
+) -> Message:
+    """A copy of ``example`` with a hostile value at ``where`` (a scalar field gets one,
+    a repeated field a hostile list, a message field a hostile message)."""
+    msg = type(example)()
+    msg.CopyFrom(example)
+    parent: Any = msg
+    for step in where[:-1]:
+        parent = parent[step] if isinstance(step, int) else getattr(parent, step)
+    name = where[-1]
+    assert isinstance(name, str)
+    fd = parent.DESCRIPTOR.fields_by_name[name]
+    parent.ClearField(name)
+    if fd.message_type is not None or _is_repeated(fd):
+        getattr(parent, name).MergeFrom(
+            getattr(hostile_message(rng, type(parent), vocabulary), name)
+        )
+    else:
+        setattr(parent, name, _hostile_value(rng, fd, vocabulary))
+    return msg
+
+
+def huge(example: Message) -> Message:
+    """``example`` with each repeated field's first item (or the field's own list) repeated
+    to HUGE items."""
+    msg = type(example)()
+    msg.CopyFrom(example)
+    for fd, value in list(msg.ListFields()):
+        if not _is_repeated(fd) or not value:
+            continue
+        first = value[0]
+        if fd.message_type is not None:
+            for _ in range(HUGE - len(value)):
+                value.add().CopyFrom(first)
+        else:
+            value.extend([first] * (HUGE - len(value)))
+    return msg
+
+
+def raw_request(rng: random.Random, text: bytes) -> bytes:
+    roll = rng.randrange(5)
+    if roll == 0:
+        return bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 300)))
+    if roll == 1 and text:
+        return text[: rng.randrange(len(text))]  # truncated
+    if roll == 2 and text:
+        i = rng.randrange(len(text))  # one byte flipped
+        return text[:i] + bytes([text[i] ^ (1 << rng.randrange(8))]) + text[i + 1 :]
+    if roll == 3:
+        return rng.choice([b"\x0a\xff\xff\xff\xff\x0f", b"\xff" * 12, b"\x0a\x05ab", b"\x08"])
+    return text + bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 20)))
+
+
+@dataclass
+class Request:
+    content: bytes
+    kind: str  # raw | wrong-field | hostile | huge
+    message: Message | None  # what the server decodes, None where it cannot
+
+
+def requests_for(rng: random.Random, method: GrpcMethod, rounds: int) -> Iterator[Request]:
+    cls = type(method.example)
+    text = method.example.SerializeToString()
+    where = message_paths(method.example)
+    rng.shuffle(where)
+    for i in range(rounds):
+        if i % 200 == 7:
+            msg = huge(method.example)
+            yield Request(msg.SerializeToString(), "huge", msg)
+        elif i % 5 == 0:
+            content = raw_request(rng, text)
+            try:
+                decoded: Message | None = cls.FromString(content)
+            except DecodeError:
+                decoded = None
+            yield Request(content, "raw", decoded)
+        elif i % 5 in (1, 2) and where:
+            target = where[(i // 5 * 2 + i % 5 - 1) % len(where)]
+            msg = with_hostile_field(rng, method.example, target, method.vocabulary)
+            yield Request(msg.SerializeToString(), "wrong-field", msg)
+        else:
+            msg = hostile_message(rng, cls, method.vocabulary)
+            yield Request(msg.SerializeToString(), "hostile", msg)
+
+
+def _call(channel: grpc.Channel, method: GrpcMethod, report: Report, content: bytes) -> Any:
+    """One call; the response message, or the RpcError, or None when it was dropped."""
+    response_cls = GetMessageClass(method.descriptor.output_type)
+    start = time.monotonic()
+    try:
+        if method.streaming:
+            stream = channel.unary_stream(
+                method.path, response_deserializer=response_cls.FromString
+            )(content, timeout=10 * DEADLINE)
+            try:
+                response: Any = next(stream)
+            finally:
+                stream.cancel()
+        else:
+            response = channel.unary_unary(
+                method.path, response_deserializer=response_cls.FromString
+            )(content, timeout=10 * DEADLINE)
+    except grpc.RpcError as exc:
+        response = exc
+    took = time.monotonic() - start
+    report.slowest = max(report.slowest, took)
+    if took > DEADLINE:
+        report.fail("slow", f"{took:.1f}s for {content[:120]!r}")
+    if isinstance(response, grpc.Call) and response.code() in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    ):
+        report.fail(
+            "dropped", f"{response.code().name}: {response.details()} for {content[:120]!r}"
+        )
+        return None
+    return response
+
+
+def _record_grpc(report: Report, method: GrpcMethod, request: Request, response: Any) -> None:
+    label = repr(request.content[:120])
+    if isinstance(response, grpc.Call):
+        report.counts["refused"] += 1
+        details = response.details() or ""
+        if response.code() not in GRPC_REFUSALS:
+            report.fail("out of protocol", f"{response.code().name}: {details[:200]} for {label}")
+        elif not details.strip():
+            report.fail("no reason", f"{response.code().name} for {label}")
+        elif any(marker in details for marker in GRPC_BUG_MARKERS):
+            report.fail("bug", f"{response.code().name}: {details[:300]} for {label}")
+        else:
+            word = "error unmarshalling request" if request.message is None else None
+            if word is None:
+                word = method.expect(request.message)  # type: ignore[arg-type]
+            if word is not None:
+                report.counts["named"] += 1
+                if word not in details:
+                    report.fail("missed word", f"{details[:200]!r} lacks {word!r}")
+        return
+    report.counts["accepted"] += 1
+    if request.message is None:
+        report.fail("missed word", f"accepted undecodable {label}")
+        return
+    word = method.expect(request.message)
+    if word is not None:
+        report.fail("missed word", f"accepted {label}, expected a refusal with {word!r}")
+        return
+    try:
+        method.judge(request.message, response)
+    except OutOfProtocol as exc:
+        report.fail("out of protocol", f"{exc!s:.200} for {label}")
+
+
+def run_grpc(
+    channel: grpc.Channel, method: GrpcMethod, rounds: int = ROUNDS, seed: str = ""
+) -> Report:
+    """Send ``rounds`` hostile requests to ``method``, then the valid example."""
+    rng = random.Random(f"gpulab-fuzz-{seed}-{method.path}")
+    report = Report(method.path)
+    for request in requests_for(rng, method, rounds):
+        report.counts[request.kind] += 1
+        method.before()
+        response = _call(channel, method, report, request.content)
+        if response is not None:
+            _record_grpc(report, method, request, response)
+    method.before()
+    response = _call(channel, method, report, method.example.SerializeToString())
+    report.alive_after = response is not None and not isinstance(response, grpc.Call)
+    if report.alive_after:
+        try:
+            method.judge(method.example, response)
+        except OutOfProtocol:
+            report.alive_after = False
+    return report

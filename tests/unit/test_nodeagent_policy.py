@@ -116,6 +116,8 @@ def test_capacity_and_the_stop_grace_period() -> None:
         ("Nvidia.com/gpu", False),  # the prefix must be a DNS subdomain
         ("nvidia.com/-gpu", False),
         ("a/b/c", False),
+        ("nvidia.com/gpu\n", False),  # found by the gRPC fuzz: "$" matched before the "\n"
+        ("nvidia.com\n/gpu", False),
     ],
 )
 def test_is_extended_resource_name(name: str, ok: bool) -> None:
