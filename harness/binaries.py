@@ -248,7 +248,7 @@ def verify(comp: Component) -> list[str]:
     """
     manifest_path = comp.bin_dir / "manifest.json"
     if not manifest_path.exists():
-        return [f"{comp.name} {comp.version} is not built yet"]
+        return [f"{comp.name} {comp.version} is not built yet (no {manifest_path})"]
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
@@ -310,7 +310,10 @@ def build_all(
                 continue
             except DownloadError as exc:
                 progress(f"{comp.name} {comp.version}: {exc}; building from source instead")
-        go = go or find_go()
+        try:
+            go = go or find_go()
+        except HarnessError as exc:  # what is missing first, then why it cannot be built
+            raise HarnessError(f"{problems[0] if problems else comp.name}; {exc}") from None
         build(comp, go, progress)
     if cached and say_cached:
         progress(f"binaries cached in {cache_dir() / 'bin'}: {', '.join(cached)}")

@@ -157,9 +157,9 @@ class LocalCluster(ClusterAPI):
             return
         if self.processes():  # a previous cluster died half-way: clear what is left
             self.down(lambda _m: None)
+        self._check_ports()  # before a build that may take minutes, and before anything runs
         # nothing to do when cached, and nothing said: `make` has just checked them
         binaries.build_all(progress, say_cached=False)
-        self._check_ports()
         started = time.monotonic()
         self._prepare_dir()
         try:

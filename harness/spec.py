@@ -153,7 +153,10 @@ def load(name_or_path: str | Path) -> ClusterSpec:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise HarnessError(f"{path}: not valid YAML ({exc.__class__.__name__}); fix it") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or exc.__class__.__name__
+        raise HarnessError(f"{path}: not valid YAML{where} ({problem}); fix it") from exc
     try:
         return parse(data, path)
     except HarnessError as exc:
@@ -163,6 +166,7 @@ def load(name_or_path: str | Path) -> ClusterSpec:
 def parse(data: Any, path: Path | None = None) -> ClusterSpec:
     if not isinstance(data, dict):
         raise HarnessError("a cluster spec must be a mapping with 'name' and 'nodes'")
+    _known_keys(data, SPEC_KEYS, "the spec")
     name = str(data.get("name", "gpulab"))
     if not _DNS_LABEL.match(name):
         raise HarnessError(f"cluster name {name!r} must be a DNS label (a-z, 0-9, -)")
@@ -173,8 +177,16 @@ def parse(data: Any, path: Path | None = None) -> ClusterSpec:
         if not isinstance(value, int) or not 1024 <= value <= 65535:
             raise HarnessError(f"port {key}: {value!r} must be an integer in 1024..65535")
         ports[key] = value
-    if len(set(ports.values())) != len(ports):
-        raise HarnessError(f"ports must all differ, got {ports}")
+    by_port: dict[int, list[str]] = {}
+    for key, value in ports.items():
+        by_port.setdefault(value, []).append(key)
+    shared = {port: keys for port, keys in by_port.items() if len(keys) > 1}
+    if shared:
+        port, keys = next(iter(shared.items()))
+        raise HarnessError(
+            f"ports must all differ: {' and '.join(keys)} are both {port}; give each its own "
+            f"port under 'ports' (the defaults: {DEFAULT_PORTS})"
+        )
     offset = port_offset()
     if offset:
         ports = {k: v + offset for k, v in ports.items()}
@@ -204,13 +216,25 @@ def parse(data: Any, path: Path | None = None) -> ClusterSpec:
     )
 
 
+SPEC_KEYS = ("name", "ports", "nodes", "addons", "kubelet")
+NODE_KEYS = ("name", "profile", "count", "labels", "cpu", "memory", "pods", "devicePlugin")
+
+
+def _known_keys(raw: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    """A misspelt key is an error, not a setting silently left at its default."""
+    unknown = [str(k) for k in raw if k not in known]
+    if unknown:
+        raise HarnessError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(known)}")
+
+
 def _parse_node(raw: Any, n: int) -> list[NodeSpec]:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise HarnessError(f"nodes[{n}] must be a mapping with a 'name'")
+    _known_keys(raw, NODE_KEYS, f"nodes[{n}] ({raw['name']})")
     profile = raw.get("profile")
     if profile is not None:
         try:
-            profiles.resolve(profile)
+            profiles.load(profile)  # a profile with impossible values fails here, not at start
         except profiles.ProfileError as exc:
             raise HarnessError(f"nodes[{n}] ({raw['name']}): {exc}") from None
     labels = raw.get("labels") or {}

@@ -191,6 +191,7 @@ def load(name_or_path: str | Path) -> Profile:
 def parse(data: Any, name: str, path: Path | None = None) -> Profile:
     if not isinstance(data, dict):
         raise ProfileError("a profile must be a mapping with a 'gpus' list")
+    _known_keys(data, PROFILE_KEYS, "the profile")
     groups = data.get("gpus")
     if not isinstance(groups, list) or not groups:
         raise ProfileError("'gpus' must be a non-empty list of {model, count, ...} groups")
@@ -215,9 +216,47 @@ def parse(data: Any, name: str, path: Path | None = None) -> Profile:
     )
 
 
+PROFILE_KEYS = ("description", "driverVersion", "cudaDriverVersion", "gpus", "nvlink")
+GROUP_KEYS = ("model", "count", "numa", "mig")
+COMPUTE_SLICES = 7
+MEMORY_SLICES = 8
+
+
+def _known_keys(raw: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    unknown = [str(k) for k in raw if k not in known]
+    if unknown:
+        raise ProfileError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(known)}")
+
+
+def _check_mig_fits(instances: tuple[MigProfile, ...], model: GPUModel, where: str) -> None:
+    """The layout fits one GPU: each profile at most its instance count, at most 7 compute
+    and 8 memory slices in all (the rules gpulab/gpuoperator/migparted.py checks)."""
+    counts: dict[str, int] = {}
+    for mp in instances:
+        counts[mp.name] = counts.get(mp.name, 0) + 1
+        if counts[mp.name] > mp.max_count:
+            raise ProfileError(f"{where}: a {model.name} holds at most {mp.max_count} x {mp.name}")
+    compute = sum(mp.slices for mp in instances)
+    memory = sum(
+        max(1, min(MEMORY_SLICES, round(mp.memory_mib * MEMORY_SLICES / model.memory_mib)))
+        for mp in instances
+    )
+    for used, limit, what in (
+        (compute, COMPUTE_SLICES, "compute"),
+        (memory, MEMORY_SLICES, "memory"),
+    ):
+        if used > limit:
+            raise ProfileError(
+                f"{where}: {', '.join(mp.name for mp in instances)} needs {used} {what} "
+                f"slices; a {model.name} has {limit}"
+            )
+
+
 def _parse_group(group: Any, n: int, start: int) -> list[GPU]:
     if not isinstance(group, dict):
         raise ProfileError(f"gpus[{n}] must be a mapping")
+    # memory, SMs and the rest come from the model: a group sets only these
+    _known_keys(group, GROUP_KEYS, f"gpus[{n}]")
     model_key = group.get("model")
     if model_key not in MODELS:
         raise ProfileError(f"gpus[{n}].model {model_key!r} is unknown; known: {', '.join(MODELS)}")
@@ -237,8 +276,7 @@ def _parse_group(group: Any, n: int, start: int) -> list[GPU]:
     if not isinstance(mig_names, list):
         raise ProfileError(f"gpus[{n}].mig must be a list of MIG profile names like 1g.5gb")
     instances = tuple(model.mig_profile(str(m)) for m in mig_names)
-    if sum(i.slices for i in instances) > 7:
-        raise ProfileError(f"gpus[{n}].mig uses more than the 7 compute slices of a {model.name}")
+    _check_mig_fits(instances, model, f"gpus[{n}].mig")
     gpus = []
     for i in range(count):
         index = start + i
