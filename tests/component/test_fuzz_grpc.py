@@ -94,7 +94,6 @@ class Node:
     manager: ManagerImpl
     ids: list[str]  # the plugin's device IDs
     proc: subprocess.Popen[str] | None = None
-    log: Path | None = None
 
     def channel(self, socket: str = "nvidia-gpu.sock") -> grpc.Channel:
         channel = grpc.insecure_channel(f"unix://{self.socket_dir / socket}")
@@ -125,7 +124,7 @@ def plugin_node(
     ids = [f"{u}::{n}" for u in uuids for n in range(replicas)] if replicas else uuids
     try:
         wait_for(lambda: manager.capacity(GPU) == (len(ids), len(ids)), 30, "the plugin registered")
-        yield Node(socket_dir, manager, ids, proc, log)
+        yield Node(socket_dir, manager, ids, proc)
     finally:
         proc.terminate()
         try:
