@@ -689,12 +689,16 @@ def score_line(host: str, scores: Mapping[str, Mapping[str, int]]) -> str:
     "gpu-t4-1 wins: gpu-t4-1=478, gpu-t4-0=473; against gpu-t4-0:
     NodeResourcesBalancedAllocation 78 vs 72, NodeResourcesFit 66 vs 67"
 
-    When the runner-up's total equals the winner's, a note says so: the lab's heap order
-    is its own evaluation order, so kube-scheduler may pick another of the tied nodes.
+    Equal top totals are a tie, said first (a cut line still shows it), and how it was
+    broken: selectHost takes the head of its score heap; without an extender's scores the
+    heap has no random tie-breaker, so the order kube-scheduler's parallel Filter found
+    the nodes decides - it may take another of the tied nodes than the lab.
     """
     totals = {n: sum(s.values()) for n, s in scores.items()}
     ranked = sorted(scores, key=lambda n: (n != host, -totals[n]))
-    line = f"{host} wins: " + ", ".join(f"{n}={totals[n]}" for n in ranked)
+    tied = [n for n in ranked[1:] if totals[n] == totals[host]]
+    line = f"a tie at {totals[host]}; " if tied else ""
+    line += f"{host} wins: " + ", ".join(f"{n}={totals[n]}" for n in ranked)
     if len(ranked) > 1:
         runner = ranked[1]
         diffs = [
@@ -703,13 +707,12 @@ def score_line(host: str, scores: Mapping[str, Mapping[str, int]]) -> str:
             if score != scores[runner].get(plugin, 0)
         ]
         line += f"; against {runner}: " + (", ".join(diffs) or "the same per plugin")
-        tied = [n for n in ranked[1:] if totals[n] == totals[host]]
-        if tied:
-            line += (
-                " (totals tie: kube-scheduler takes the head of the same heap, but over the "
-                "nodes in the order its parallel Filter found them, so it may pick "
-                f"{' or '.join(tied)})"
-            )
+    if tied:
+        line += (
+            f" (the tie is broken by the score heap's order: {host} is its head here; "
+            "kube-scheduler's heap has no random tie-breaker without an extender, so the "
+            f"order its parallel Filter found the nodes decides: it may take {' or '.join(tied)})"
+        )
     return line
 
 

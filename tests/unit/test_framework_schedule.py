@@ -535,19 +535,20 @@ def test_the_score_step_names_what_decided() -> None:
         "b wins: b=444, a=439; against a: NodeResourcesFit 66 vs 67, "
         "NodeResourcesBalancedAllocation 78 vs 72"
     )
-    # equal totals: the lab's heap head is not necessarily kube-scheduler's
+    # equal totals: a tie, said first; the lab's heap head is not necessarily kube-scheduler's
     scores["a"]["X"] = 305
     tie_note = (
-        " (totals tie: kube-scheduler takes the head of the same heap, but over the nodes "
-        "in the order its parallel Filter found them, so it may pick a)"
+        " (the tie is broken by the score heap's order: b is its head here; kube-scheduler's "
+        "heap has no random tie-breaker without an extender, so the order its parallel "
+        "Filter found the nodes decides: it may take a)"
     )
     assert score_line("b", scores) == (
-        "b wins: b=444, a=444; against a: NodeResourcesFit 66 vs 67, "
+        "a tie at 444; b wins: b=444, a=444; against a: NodeResourcesFit 66 vs 67, "
         "NodeResourcesBalancedAllocation 78 vs 72, X 300 vs 305" + tie_note
     )
     same = {"a": {"NodeResourcesFit": 50}, "b": {"NodeResourcesFit": 50}, "c": {"X": 10}}
     assert score_line("b", same) == (
-        "b wins: b=50, a=50, c=10; against a: the same per plugin" + tie_note
+        "a tie at 50; b wins: b=50, a=50, c=10; against a: the same per plugin" + tie_note
     )
 
 
