@@ -95,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
         say("create Job gpu-job (one pod, nvidia.com/gpu: 2, runs 2 s)")
         batch.create_namespaced_job(NAMESPACE, gpu_job("gpu-job", 2))
         job = wait_for(lambda: _job_succeeded(batch, "gpu-job"), 90, "gpu-job to succeed")
-        live.expect({"Scheduled", "SuccessfulCreate", "Completed"})
+        most = max(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in nodes)
+        say(f"create Pod too-big asking for nvidia.com/gpu: {most + 1} (no node has that many)")
+        core.create_namespaced_pod(NAMESPACE, gpu_pod("too-big", most + 1))
+        live.expect({"Scheduled", "SuccessfulCreate", "Completed", "FailedScheduling"}, 60)
     diagram = getattr(args, "diagram", None)
     if diagram:
         live.write_diagram(Path(diagram))
@@ -105,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
         raise DemoFailed(f"gpu-pod landed on {pod.spec.node_name}, which has no GPUs")
     ok(f"gpu-pod was bound by kube-scheduler to {pod.spec.node_name} (has GPUs) and is Running")
     ok(f"gpu-job succeeded ({job.status.succeeded} pod completed)")
+    too_big = core.read_namespaced_pod("too-big", NAMESPACE)
+    if too_big.spec.node_name:
+        raise DemoFailed(f"too-big was bound to {too_big.spec.node_name}")
+    why = next(ev.note for ev in live.seen if ev.step == "FailedScheduling")
+    ok(f"too-big stays Pending: {why}")
     ok(
         "trace: gpu-pod Scheduled (kube-scheduler) → Pod Running (kwok); gpu-job "
         "SuccessfulCreate (job-controller) → its pod Scheduled → Running → Succeeded → "

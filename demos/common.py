@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpulab import informer, narrate, trace
 from gpulab.dashboard import chain
@@ -115,11 +116,24 @@ def chapter(title: str, story: str) -> None:
 
 
 def say(message: str) -> None:
-    console.print(f"[bold yellow]▶[/bold yellow] {message}")
+    _mark("[bold yellow]▶[/bold yellow]", message)
 
 
 def ok(message: str) -> None:
-    console.print(f"[bold green]✔[/bold green] {message}")
+    _mark("[bold green]✔[/bold green]", message)
+
+
+def _mark(mark: str, message: str) -> None:
+    """A ▶ or ✔ line. On a terminal (not --verbose) one longer than the width is folded
+    at word boundaries under its text, never wrapped by the terminal mid-word; the text
+    stays whole (these lines are the story's sentences)."""
+    if NARRATION.verbose or not console.is_terminal:
+        console.print(f"{mark} {message}")
+        return
+    lines = Text.from_markup(message).wrap(console, max(20, console.width - len(INDENT)))
+    for i, line in enumerate(lines):
+        line.rstrip()
+        console.print(Text.from_markup(mark if i == 0 else " ") + " " + line, soft_wrap=True)
 
 
 # the LiveTraces inside their `with`: the script's own lines print what they hold first
@@ -162,21 +176,46 @@ def _has_default_sa(core: client.CoreV1Api, ns: str) -> bool:
     return True
 
 
+def print_trace(told: list[narrate.Told], verbose: bool | None = None) -> None:
+    """Trace lines under the ▶ and ✔ lines: on a terminal each fitted to its width (the
+    full text with --verbose); into a file or a pipe (CI logs, `| tee`), which has no width
+    to keep to, each line whole on one line, GPU UUIDs shortened."""
+    verbose = NARRATION.verbose if verbose is None else verbose
+    width: int | None = None  # --verbose: the full text
+    cut: dict[str, Any] = {}
+    if not verbose and console.is_terminal:
+        width = console.width - len(INDENT)
+        # a line whose head alone (an object's long name) is too wide is cut too
+        cut = {"soft_wrap": False, "no_wrap": True, "overflow": "ellipsis"}
+    elif not verbose:
+        width, cut = UNCUT, {"soft_wrap": True}
+    for line in told:
+        markup = INDENT + trace.render_line(line.event, late=line.late, width=width)
+        # Console's own print: the demo console's would flush the live traces again
+        Console.print(console, markup, **cut)
+        if line.event.count > 1 and not NARRATION.counts_told:
+            NARRATION.counts_told = True
+            Console.print(console, f"{INDENT}[dim]{COUNT_LEGEND}[/dim]")
+
+
 @dataclass
 class LiveTrace:
     """Follows a namespace's Events (the call-chain trace) and Pod phases, printing both.
 
     Informers run in background threads while the demo acts, so the story appears as it
     happens: each line is held for a moment (gpulab.narrate) so the story prints in causal
-    order, not in the order the watches deliver it. ``also`` adds namespaces whose Events
-    about the ``nodes`` named are shown too (device plugins and kubelet write Node Events
-    into "default"); Events from before the demo started are left out.
+    order, not in the order the watches deliver it. ``whole`` adds namespaces told in full
+    as the first is (Kueue's two teams: one story, one causal order); ``also`` adds
+    namespaces whose Events about the ``nodes`` named are shown too (device plugins and
+    kubelet write Node Events into "default"); Events from before the demo started are
+    left out.
     """
 
     api: client.ApiClient
     namespace: str
     also: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
+    whole: tuple[str, ...] = ()
     seen: list[trace.TraceEvent] = field(default_factory=list)
     _since: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -188,7 +227,7 @@ class LiveTrace:
     verbose: bool = field(default_factory=lambda: NARRATION.verbose)
 
     def __enter__(self) -> LiveTrace:
-        for ns in (self.namespace, *self.also):
+        for ns in (self.namespace, *self.whole, *self.also):
             handlers = informer.Handlers(
                 on_add=lambda ev, ns=ns: self._event(ev, ns),
                 # a repeat of an Event is its series growing (client-go's aggregation)
@@ -197,9 +236,12 @@ class LiveTrace:
                 ),
             )
             self._informers.append(informer.Informer(trace.events(self.api, ns), handlers))
-        pods = informer.ListWatch(self.api, informer.PODS, namespace=self.namespace)
-        handlers = informer.Handlers(on_add=self._pod, on_update=lambda _old, new: self._pod(new))
-        self._informers.append(informer.Informer(pods, handlers))
+        for ns in (self.namespace, *self.whole):
+            pods = informer.ListWatch(self.api, informer.PODS, namespace=ns)
+            handlers = informer.Handlers(
+                on_add=self._pod, on_update=lambda _old, new: self._pod(new)
+            )
+            self._informers.append(informer.Informer(pods, handlers))
         for inf in self._informers:
             inf.start()
         self._ticker = threading.Thread(target=self._tick, name="live-trace", daemon=True)
@@ -238,28 +280,23 @@ class LiveTrace:
                 self._print(self._narrator.due(time.monotonic()))
 
     def _print(self, told: list[narrate.Told]) -> None:
-        width: int | None = None  # --verbose: the full text
-        cut: dict[str, Any] = {}
-        if not self.verbose and console.is_terminal:
-            width = console.width - len(INDENT)
-            # a line whose head alone (an object's long name) is too wide is cut too
-            cut = {"soft_wrap": False, "no_wrap": True, "overflow": "ellipsis"}
-        elif not self.verbose:
-            # a file or a pipe (CI logs, `| tee`) has no width to keep to: each line whole,
-            # on one line, GPU UUIDs shortened
-            width, cut = UNCUT, {"soft_wrap": True}
-        for line in told:
-            markup = INDENT + trace.render_line(line.event, late=line.late, width=width)
-            # Console's own print: the demo console's would flush this trace again
-            Console.print(console, markup, **cut)
-            if line.event.count > 1 and not NARRATION.counts_told:
-                NARRATION.counts_told = True
-                Console.print(console, f"{INDENT}[dim]{COUNT_LEGEND}[/dim]")
+        print_trace(told, self.verbose)
+
+    def add(self, ev: trace.TraceEvent) -> None:
+        """A line of the story seen elsewhere than in Events (a watch of an object's
+        state), narrated in its causal place with the rest."""
+        with self._lock:
+            self.seen.append(ev)
+            self._narrator.add(ev, time.monotonic())
 
     def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
-        if ev.time < self._since - dt.timedelta(seconds=2):
+        # a core/v1 Event's time is cut to its second: it may carry a time before _since;
+        # a precise one is the demo's if it is at most the narrator's window older (the
+        # start-up of a cluster the demo just brought up is not)
+        slack = dt.timedelta(seconds=narrate.WINDOW if ev.time.microsecond else 2)
+        if ev.time < self._since - slack:
             return False
-        if namespace == self.namespace:
+        if namespace in (self.namespace, *self.whole):
             return True
         return any(ev.regarding == f"Node {node}" for node in self.nodes)
 
@@ -273,11 +310,18 @@ class LiveTrace:
 
     def _pod(self, pod: dict[str, Any]) -> None:
         phase = (pod.get("status") or {}).get("phase")
-        name = pod["metadata"]["name"]
+        name = f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
+        created = pod["metadata"].get("creationTimestamp")
+        older = bool(created) and dt.datetime.fromisoformat(
+            created.replace("Z", "+00:00")
+        ) < self._since - dt.timedelta(seconds=2)
         with self._lock:
             if not phase or self._phases.get(name) == phase:
                 return
+            first = name not in self._phases
             self._phases[name] = phase
+            if first and older:  # a pod of an earlier scene: only its changes are news
+                return
             ev = narrate.pod_phase_event(pod, dt.datetime.now(dt.UTC), NARRATION.pod_writer)
             self._narrator.add(ev, time.monotonic())
 

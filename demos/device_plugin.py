@@ -4,7 +4,8 @@
     pod bound → GetPreferredAllocation → Allocate  (NVIDIA_VISIBLE_DEVICES=<uuids>)
     Xid 79 → CheckHealth → ListAndWatch (one Unhealthy) → allocatable drops; stays down
     until the plugin restarts
-    MIG mixed: nvidia.com/mig-<g>g.<mem>gb resources and MIG UUIDs
+    MIG mixed: the plugin restarted on the MIG node advertises nvidia.com/mig-<g>g.<mem>gb
+    resources; a pod asking for two 1g.10gb slices gets two MIG UUIDs
 
 Every step is read back from the Events the device plugin and the node agent (kubelet's
 device manager on a kwok node) write as they execute it. On kind the real kubelet calls
@@ -16,6 +17,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from kubernetes import client
@@ -31,6 +35,7 @@ from demos.common import (
     ok,
     say,
 )
+from gpulab.dashboard import chain
 from gpulab.fakegpu import faults, profiles
 from gpulab.nodeagent.policy import annotation_key
 from gpulab.wait import WaitTimeout, wait_for
@@ -44,6 +49,7 @@ NAMESPACE = "demo-device-plugin"
 NODE, MIG_NODE = "gpu-h100", "gpu-a100-mig"
 BROKEN_GPU = 7
 GPU = "nvidia.com/gpu"
+MIG_SLICE = "nvidia.com/mig-1g.10gb"
 
 
 def _pod(name: str, node: str, resources: dict[str, str]) -> client.V1Pod:
@@ -84,40 +90,58 @@ def _allocatable(core: client.CoreV1Api, node: str, resource: str = GPU) -> int:
     return int((core.read_node(node).status.allocatable or {}).get(resource, "0"))
 
 
-def _seen_since(live: LiveTrace, since: dt.datetime, component: str, step: str, note: str) -> bool:
-    """Has ``component`` reported ``step`` about NODE (its note containing ``note``)?"""
+def _seen_since(
+    live: LiveTrace, since: dt.datetime, step: str, note: str = "", node: str = NODE
+) -> bool:
+    """Has the device plugin reported ``step`` about ``node`` (its note containing ``note``)?"""
     return any(
-        ev.component == component
+        ev.component == "device-plugin"
         and ev.step == step
-        and ev.regarding == f"Node {NODE}"
+        and ev.regarding == f"Node {node}"
         and note in ev.note
         and ev.time >= since
         for ev in list(live.seen)
     )
 
 
-def _restart_plugin(core: client.CoreV1Api, backend: Backend, live: LiveTrace, gpus: int) -> None:
-    """Delete NODE's plugin pod (the DaemonSet makes a new one) and wait for *its*
-    registration, devices and health check."""
+def _restart_plugin(
+    core: client.CoreV1Api,
+    backend: Backend,
+    live: LiveTrace,
+    devices: Mapping[str, int],
+    node: str = NODE,
+) -> None:
+    """Delete ``node``'s plugin pod (the DaemonSet makes a new one) and wait for *its*
+    registration, its ``devices`` (resource -> count) listed and advertised, and its
+    health check."""
     since = dt.datetime.now(dt.UTC)
-    pod = backend.restart(COMPONENT, NODE)
-    ok(f"the DaemonSet started pod {pod.metadata.name} on {NODE}")
+    pod = backend.restart(COMPONENT, node)
+    ok(f"the DaemonSet started pod {pod.metadata.name} on {node}")
     # The old plugin's ListAndWatch ended with its pod (kubelet: allocatable 0); only the
     # new plugin's Register and ListAndWatch bring the GPUs back. (Its own Events: the
     # node agent's repeated Register is one Event series, written back only now and then,
     # as client-go aggregates them.)
-    wait_for(
-        lambda: _seen_since(live, since, "device-plugin", "Register", ""),
-        60,
-        f"the new plugin on {NODE} to register",
-    )
-    wait_for(lambda: _allocatable(core, NODE) == gpus, 30, f"{NODE} to advertise {gpus} GPUs again")
-    # Its health check starts after Register: an Xid from before then would never reach it.
-    wait_for(
-        lambda: _seen_since(live, since, "device-plugin", "CheckHealth", "watching"),
-        30,
-        f"the new plugin's health check on {NODE}",
-    )
+    for resource, count in devices.items():
+        # each resource is a plugin of its own: its whole start-up in the trace, so the
+        # story is printed at once and no line of it arrives after the rest
+        wait_for(
+            lambda r=resource: _seen_since(live, since, "ListAndWatch", f"{r}: ", node),
+            60,
+            f"the new plugin on {node} to list its {resource}",
+        )
+        wait_for(
+            lambda r=resource, n=count: _allocatable(core, node, r) == n,
+            30,
+            f"{node} to advertise {count} {resource} again",
+        )
+        # Its health check starts after Register: an Xid from before then would never
+        # reach it.
+        wait_for(
+            lambda r=resource: _seen_since(live, since, "CheckHealth", f"{r}: watching", node),
+            30,
+            f"the new plugin's health check of {resource} on {node}",
+        )
+    live.expect({"loadConfig", "Start", "Serve", "Register", "GetDevicePluginOptions"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,18 +161,20 @@ def run(args: argparse.Namespace) -> int:
     gpus = len(profile.gpus)
     by_uuid = {profiles.gpu_uuid(NODE, g.index): g for g in profile.gpus}
 
-    with LiveTrace(api, NAMESPACE, also=("default",), nodes=(NODE, MIG_NODE)) as live:
+    with LiveTrace(api, NAMESPACE, also=("default",), nodes=(NODE,)) as live:
         say(f"restart the device plugin on {NODE} (as a DaemonSet rollout would)")
-        _restart_plugin(core, backend, live, gpus)
+        _restart_plugin(core, backend, live, {GPU: gpus})
         ok(f"{NODE} advertises {GPU}: {gpus} — one per GPU NVML reports")
 
         _numa_pair(core, backend, live, by_uuid)
         _xid_and_recovery(core, backend, live, gpus)
-
-        _mig(core, backend, live)
+    # a trace of its own: the MIG node's lines would crowd the scenes above
+    with LiveTrace(api, NAMESPACE, also=("default",), nodes=(MIG_NODE,)) as mig:
+        _mig(core, backend, mig)
     diagram = getattr(args, "diagram", None)
     if diagram:
-        live.write_diagram(Path(diagram))
+        Path(diagram).write_text(chain.sequence_diagram(live.seen + mig.seen))
+        say(f"sequence diagram of this run written to {diagram}")
     return 0
 
 
@@ -169,6 +195,12 @@ def _numa_pair(core: client.CoreV1Api, backend: Backend, live: LiveTrace, by_uui
     if len(uuids) != 2 or len(numa) != 1:
         raise DemoFailed(f"expected 2 GPUs on one NUMA node, got {uuids} (NUMA {numa})")
     ok(f"NVIDIA_VISIBLE_DEVICES={envs['NVIDIA_VISIBLE_DEVICES']} (one NUMA node)")
+    console.print(
+        "    [yellow](the chapter differs)[/yellow] Allocate checks only that the IDs are "
+        "known (kubelet offers healthy ones only), and sends no /dev/nvidia* Devices or "
+        "driver Mounts unless passDeviceSpecs / volume-mounts are set: the NVIDIA Container "
+        "Toolkit adds both from NVIDIA_VISIBLE_DEVICES"
+    )
     _inside(backend, "pair")
     console.print(
         f"    without GetPreferredAllocation kubelet would have taken GPUs "
@@ -183,8 +215,17 @@ def _numa_pair(core: client.CoreV1Api, backend: Backend, live: LiveTrace, by_uui
         )
 
 
+def _next_second() -> None:
+    """Start the next scene in a new second: the narrator orders one object's steps within
+    a second by the call chain (gpulab.narrate), so a second round of the node's chain
+    (an Xid right after the restart) in that second would be told as late."""
+    now = time.time()
+    time.sleep(math.ceil(now) - now + 0.05)
+
+
 def _xid_and_recovery(core: client.CoreV1Api, backend: Backend, live: LiveTrace, gpus: int) -> None:
     """Xid 79 → Unhealthy for good → clear (the fake driver only) → restart → healthy."""
+    _next_second()
     say(f"inject Xid 79 (GPU has fallen off the bus) on {NODE} GPU {BROKEN_GPU}")
     backend.inject_fault(NODE, BROKEN_GPU, faults.XID_FALLEN_OFF_BUS)
     wait_for(lambda: _allocatable(core, NODE) == gpus - 1, 30, "allocatable to drop by one")
@@ -210,24 +251,32 @@ def _xid_and_recovery(core: client.CoreV1Api, backend: Backend, live: LiveTrace,
         raise DemoFailed("the plugin marked a GPU Healthy again without a restart")
 
     say("restart the plugin (what an operator does after a GPU reset: delete its pod)")
-    _restart_plugin(core, backend, live, gpus)
+    _restart_plugin(core, backend, live, {GPU: gpus})
     ok(
         f"allocatable back to {gpus}: the new plugin registered a fresh NVML event set, and "
         "NVML does not replay past events to it"
     )
 
 
+def _mig_resources(core: client.CoreV1Api) -> dict[str, int]:
+    """MIG_NODE's nvidia.com/mig-* resources and their capacity."""
+    capacity = core.read_node(MIG_NODE).status.capacity or {}
+    return {k: int(v) for k, v in capacity.items() if k.startswith("nvidia.com/mig-")}
+
+
 def _mig(core: client.CoreV1Api, backend: Backend, live: LiveTrace) -> None:
-    say(f"MIG mixed on {MIG_NODE}: one resource per MIG profile")
-    alloc_mig = core.read_node(MIG_NODE).status.allocatable
-    mig_resources = {k: v for k, v in alloc_mig.items() if k.startswith("nvidia.com/mig-")}
+    say(f"MIG mixed on {MIG_NODE}: restart its plugin, one resource per MIG profile")
+    mig_resources = _mig_resources(core)
     if not mig_resources:
         raise DemoFailed(f"{MIG_NODE} advertises no nvidia.com/mig-* resources")
-    for resource, count in sorted(mig_resources.items()):
-        console.print(f"    {resource}: {count}")
-    core.create_namespaced_pod(NAMESPACE, _pod("mig", MIG_NODE, {"nvidia.com/mig-1g.10gb": "1"}))
-    mig_uuid = _allocation(backend, "mig")["NVIDIA_VISIBLE_DEVICES"]
-    if not mig_uuid.startswith("MIG-"):
-        raise DemoFailed(f"a MIG pod got {mig_uuid}, not a MIG device UUID")
-    ok(f"pod mig got MIG device {mig_uuid}")
+    _restart_plugin(core, backend, live, mig_resources, MIG_NODE)
+    ok(f"{MIG_NODE} advertises " + ", ".join(f"{r}: {n}" for r, n in sorted(mig_resources.items())))
+    _next_second()
+    say(f"create a pod asking for {MIG_SLICE}: 2 on {MIG_NODE}")
+    core.create_namespaced_pod(NAMESPACE, _pod("mig", MIG_NODE, {MIG_SLICE: "2"}))
+    visible = _allocation(backend, "mig")["NVIDIA_VISIBLE_DEVICES"].split(",")
+    live.expect({"Allocate"})
+    if len(visible) != 2 or not all(u.startswith("MIG-") for u in visible):
+        raise DemoFailed(f"a pod asking for two MIG slices got {visible}")
+    ok(f"pod mig got two MIG devices: {', '.join(visible)}")
     _inside(backend, "mig")

@@ -45,18 +45,19 @@ from demos.common import (
     ensure_backend,
     fresh_namespace,
     ok,
+    print_trace,
     say,
 )
+from gpulab import narrate, trace
 from gpulab.hami import annotations as ha
 from gpulab.hami.commands import explain_rows
 from gpulab.hami.device import ALLOCATE_MODE
 from gpulab.hami.filter import FILTER_RESULT
 from gpulab.hami.score import BINPACK, GPU_POLICY_ANNOTATION, SPREAD
 from gpulab.informer import NODES, ListWatch, follow
-from gpulab.nodeagent.policy import ANNOTATION_PREFIX
 from gpulab.wait import wait_for
 from harness.addons import hami as hami_addon
-from harness.backends import Backend, pod_ready
+from harness.backends import SYSTEM_NAMESPACE, Backend, pod_ready
 
 NAMESPACE = "demo-hami"
 IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
@@ -261,8 +262,9 @@ def failed_scheduling(api: client.ApiClient, ns: str, name: str) -> str | None:
 
 
 class LockWatch:
-    """Narrates ``hami.io/mutex.lock`` as the nodes carry it: taken by Bind, released by the
-    device plugin after Allocate. Keeps (time, node, pod, taken?) for the outcome checks."""
+    """Follows ``hami.io/mutex.lock`` as the nodes carry it: taken by Bind, released by the
+    device plugin after Allocate. Keeps (time, node, pod, taken?) for the outcome checks;
+    the story itself is told by the extender's LockNode and the plugin's ReleaseNodeLock."""
 
     def __init__(self, api: client.ApiClient, nodes: tuple[str, ...]) -> None:
         self.api, self.nodes = api, nodes
@@ -286,23 +288,12 @@ class LockWatch:
             before = self._held.get(name)
             if value == before:
                 continue
-            now = time.strftime("%H:%M:%S")
             if before is not None:
                 pod = before.split(",", 1)[-1].replace(",", "/")
                 self.seen.append((time.monotonic(), name, pod, False))
-                console.print(
-                    f"  [dim]{now}[/dim] [bold magenta]{'node ' + name:<22}[/bold magenta] "
-                    f"[bold cyan]{'lock released':<18}[/bold cyan] {ha.NODE_LOCK} of {pod} "
-                    "removed by the device plugin after Allocate"
-                )
             if value is not None:
                 pod = value.split(",", 1)[-1].replace(",", "/")
                 self.seen.append((time.monotonic(), name, pod, True))
-                console.print(
-                    f"  [dim]{now}[/dim] [bold magenta]{'node ' + name:<22}[/bold magenta] "
-                    f"[bold cyan]{'lock taken':<18}[/bold cyan] {ha.NODE_LOCK}={value} "
-                    "(Bind; held until Allocate)"
-                )
                 self._held[name] = value
             else:
                 self._held.pop(name, None)
@@ -328,7 +319,7 @@ def _explain(pod: Obj) -> None:
 
 def allocation_lines(pod: Mapping[str, Any]) -> list[str]:
     """Who wrote what on the pod, in call-chain order: Filter the choice, Bind the phase
-    and time, Allocate (per container, recorded by the node agent) the envs."""
+    and time (Allocate's envs are in the device plugin's Allocate line)."""
     annos = annotations(pod)
     node, devices = placement(pod)
     grants = ", ".join(f"{d.uuid} {d.usedmem}MiB {d.usedcores}%" for d in devices)
@@ -338,15 +329,6 @@ def allocation_lines(pod: Mapping[str, Any]) -> list[str]:
         f"Bind wrote {ha.BIND_PHASE}={ha.BIND_ALLOCATING} and {ha.BIND_TIME}="
         f"{annos.get(ha.BIND_TIME, '?')}, then bound the pod to {node}",
     ]
-    for key, value in sorted(annos.items()):
-        if key.startswith(ANNOTATION_PREFIX):
-            envs = json.loads(value).get("envs", {})
-            shown = ", ".join(f"{k}={v}" for k, v in sorted(envs.items()))
-            lines.append(f"Allocate ({key.removeprefix(ANNOTATION_PREFIX)}): {shown}")
-    lines.append(
-        f"Allocate erased {ha.DEVICES_TO_ALLOCATE} slot by slot and set "
-        f"{ha.BIND_PHASE}={annos.get(ha.BIND_PHASE)}"
-    )
     return lines
 
 
@@ -487,7 +469,27 @@ def _mig_scene(api: client.ApiClient, backend: Backend) -> tuple[list[Obj], str]
     return pods, listing
 
 
-def _scheduler_pod(backend: Backend) -> None:
+def _startup(api: client.ApiClient, pod: str) -> None:
+    """The extender's start-up (HAMi's ``start()``), as it recorded each step: Events on
+    its own pod, written when it started (before this demo)."""
+    events = client.CoreV1Api(api).list_namespaced_event(
+        SYSTEM_NAMESPACE, field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod}"
+    )
+    recorded = [trace.to_trace_event(api.sanitize_for_serialization(e)) for e in events.items]
+    steps = sorted(
+        (ev for ev in recorded if ev.component == hami_addon.COMPONENT), key=lambda ev: ev.time
+    )
+    if not steps:
+        say(
+            "the extender's start-up Events are gone (kube-apiserver keeps Events an hour): "
+            f"`gpulab down --spec {SPEC}` and run the demo again to see them"
+        )
+        return
+    say(f"the extender's start-up, as it recorded it (Events on pod {pod}):")
+    print_trace([narrate.Told(ev) for ev in steps])
+
+
+def _scheduler_pod(backend: Backend) -> str:
     """The hami-scheduler pod as the Deployment runs it: kube-scheduler + extender."""
     pods = [p for p in backend.component_pods(hami_addon.COMPONENT) if pod_ready(p)]
     if not pods:
@@ -498,9 +500,10 @@ def _scheduler_pod(backend: Backend) -> None:
         for c in pod.status.container_statuses or []
     )
     say(
-        f"pod gpulab-system/{pod.metadata.name} on {pod.spec.node_name} "
+        f"pod {SYSTEM_NAMESPACE}/{pod.metadata.name} on {pod.spec.node_name} "
         f"(IP {pod.status.pod_ip}): {containers}"
     )
+    return str(pod.metadata.name)
 
 
 def _mig_outcome(pods: list[Obj], listing: str) -> None:
@@ -574,7 +577,7 @@ def run(args: argparse.Namespace) -> int:
         "Allocate turns the pod's annotations into NVIDIA_VISIBLE_DEVICES and hami-core\n"
         "limits (in MIG mode: creates the reserved MIG instance), then releases the lock.",
     )
-    _scheduler_pod(backend)
+    _startup(api, _scheduler_pod(backend))
     gpus = registered_gpus(api)
     if not gpus:
         raise DemoFailed(f"no node has {ha.NODE_REGISTER}: start the device plugins with hami")

@@ -9,24 +9,25 @@ window and then lets it out sorted:
 
 - by the Event's own time (microseconds for events.k8s.io ``eventTime``, whole seconds
   for core/v1 ``lastTimestamp``);
-- within one object and one whole second, by its call chain's order of steps (``CHAINS``):
-  whole-second times cannot order two steps of the same second, and a component may record
-  a step just after the step it caused (the device plugin's ``Register`` returns after
-  kubelet started ``ListAndWatch``).
+- a step of one object close in time to steps of its call chain that it caused (``CHAINS``)
+  is put back before them: whole-second times cannot order two steps of the same second,
+  and a component may record a step just after the step it caused (kube-scheduler's
+  ``Scheduled`` after the pod was seen Running). Close is within ``WINDOW`` for precise
+  times, within the whole second otherwise; a step that starts a round (a retry, a
+  restart: ``ROUND_STARTS``) is never moved, so a plugin restarted within a second is told
+  as two rounds, not one merged chain.
 
 A line that arrives after a later line was already printed is told as late, not slipped in
 silently. Pure: the caller passes the clock and prints what it gets back.
 
-Known limit: two attempts at one pod within one second (Coscheduling activating a waiting
-sibling at once) are one group, so their steps merge in chain order (PreFilter, PreFilter,
-Filter, FailedScheduling ...).
+Known limit: a second attempt's steps after its PreFilter may still be moved before the
+first attempt's late steps if all are within ``WINDOW``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,7 @@ CHAINS: dict[str, tuple[str, ...]] = {
         "Pod Failed",
     ),
     "Node": (  # device plugin (and the node agent as kubelet's device manager)
+        "loadConfig",
         "Start",
         "ResetIdleGPUs",
         "Serve",
@@ -87,9 +89,35 @@ CHAINS: dict[str, tuple[str, ...]] = {
         "Allocate",
         "PreStartContainer",
     ),
-    "Job": ("handleJobWithNoWorkload", "startJob", "SuccessfulCreate", "Completed"),
+    # the Job controller's Suspended (at creation) and Resumed (once Kueue unsuspended it)
+    "Job": (
+        "Suspended",
+        "handleJobWithNoWorkload",
+        "startJob",
+        "Resumed",
+        "SuccessfulCreate",
+        "Completed",
+    ),
+    # Kueue: queued, then a scheduling cycle's decision (the cache first, then the
+    # status); a victim's IssuePreemptions and its requeue keep the places their times give
+    "Workload": (
+        "handleJobWithNoWorkload",  # created, then seen by the queue manager
+        "AddOrUpdateWorkload",
+        "requeueAndUpdate",
+        "assumeWorkload",
+        "admit",
+        "SyncAdmittedCondition",
+    ),
 }
 _RANKS = {kind: {step: i for i, step in enumerate(steps)} for kind, steps in CHAINS.items()}
+# Steps that begin a new round of their object's chain (a scheduling retry, a plugin's
+# restart, a Workload queued again after eviction): never moved before the steps of the
+# round they follow.
+ROUND_STARTS = frozenset({"PreFilter", "loadConfig", "AddOrUpdateWorkload"})
+# Seconds by which a component may record a step after the steps it caused (the device
+# plugin's Register returns after kubelet called GetDevicePluginOptions and ListAndWatch;
+# kube-scheduler records Scheduled after the pod is bound and seen Running).
+WINDOW = 0.5
 
 # what the pod lines name as their writer: kwok plays the kubelet on the local backend;
 # kind's nodes (and an existing cluster's) run the real one
@@ -107,20 +135,61 @@ def whole_second(ev: TraceEvent) -> int:
     return math.floor(ev.time.timestamp())
 
 
+def close(a: TraceEvent, b: TraceEvent) -> bool:
+    """Whether ``a`` and ``b`` are near enough in time that their order may be the
+    recording's, not the call's: within ``WINDOW`` where both times are precise, within
+    one whole second where one is a core/v1 Event's."""
+    if a.time.microsecond and b.time.microsecond:
+        return abs((b.time - a.time).total_seconds()) < WINDOW
+    return whole_second(a) == whole_second(b)
+
+
 def causal_order(events: Sequence[TraceEvent]) -> list[TraceEvent]:
-    """``events`` by time (ties: as given); within one object and one whole second the steps
-    of its call chain are put in the chain's order, in the places those steps took."""
-    ordered = sorted(events, key=lambda ev: ev.time)
-    places: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for i, ev in enumerate(ordered):
-        if rank(ev) is not None:
-            places[(whole_second(ev), ev.regarding)].append(i)
-    result = list(ordered)
-    for where in places.values():
-        steps = sorted((ordered[i] for i in where), key=lambda ev: rank(ev) or 0)
-        for i, ev in zip(where, steps, strict=True):
-            result[i] = ev
+    """``events`` by time (ties: as given); a step recorded after a step of its object's
+    call chain that it caused is put back before it, if the two are ``close``. A step
+    that starts a round (``ROUND_STARTS``: a retry, a restart) stays where its time is,
+    and so does a step next to an unknown step of its object."""
+    result: list[TraceEvent] = []
+    for ev in sorted((e for e in events if e.time.microsecond), key=lambda ev: ev.time):
+        at, r = len(result), rank(ev)
+        if r is not None and ev.step not in ROUND_STARTS:
+            for i in range(len(result) - 1, -1, -1):
+                before = result[i]
+                if not close(before, ev):
+                    break
+                if before.regarding != ev.regarding:
+                    continue
+                earlier = rank(before)
+                if earlier is None or earlier <= r:
+                    break
+                at = i
+        result.insert(at, ev)
+    for ev in sorted((e for e in events if not e.time.microsecond), key=lambda ev: ev.time):
+        _place_whole_second(result, ev)
     return result
+
+
+def _place_whole_second(result: list[TraceEvent], ev: TraceEvent) -> None:
+    """A core/v1 Event (whole-second time) goes at the start of its second, after the
+    ones placed there before it, unless steps of its object's chain that come before it
+    happened in that second: then right after the last of them (the Job controller's
+    SuccessfulCreate after Kueue's startJob that let it create the pod)."""
+    second, r = whole_second(ev), rank(ev)
+    at = next(
+        (
+            i
+            for i, e in enumerate(result)
+            if whole_second(e) > second or (whole_second(e) == second and e.time.microsecond)
+        ),
+        len(result),
+    )
+    if r is not None:
+        for i, e in enumerate(result):
+            earlier = rank(e)
+            same = e.regarding == ev.regarding and whole_second(e) == second
+            if same and earlier is not None and earlier < r:
+                at = max(at, i + 1)
+    result.insert(at, ev)
 
 
 def pod_phase_event(
@@ -206,7 +275,8 @@ def _after(printed: TraceEvent, ev: TraceEvent) -> bool:
     order for steps of one object, else by time, but only where both times have their
     sub-second part (a core/v1 Event's whole second cannot be placed against a line timed
     to the microsecond, so it is not called late for that)."""
-    if printed.regarding == ev.regarding and None not in (rank(printed), rank(ev)):
+    chained = printed.regarding == ev.regarding and None not in (rank(printed), rank(ev))
+    if chained and ev.step not in ROUND_STARTS and close(printed, ev):
         return (rank(printed) or 0) > (rank(ev) or 0)
     precise = printed.time.microsecond and ev.time.microsecond
     return bool(precise) and printed.time > ev.time

@@ -398,10 +398,17 @@ _GPU_UUID = re.compile(
 )
 
 
+# any other UUID (an object's UID, a MIG device): 8-4-4-4-12 hex digits
+_UUID = re.compile(
+    r"\b([0-9a-fA-F]{8})-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+)
+
+
 def compact(note: str) -> str:
-    """``note`` on one line, each GPU UUID cut to its first 8 hex digits (GPU-1a2b3c4d):
-    enough to tell the cards of a node apart, a quarter of the width."""
-    return _GPU_UUID.sub(r"GPU-\1", " ".join(note.split()))
+    """``note`` on one line, each GPU UUID cut to its first 8 hex digits (GPU-1a2b3c4d),
+    and so any other UUID (a Workload's UID, a MIG device): enough to tell them apart,
+    a quarter of the width."""
+    return _UUID.sub(r"\1", _GPU_UUID.sub(r"GPU-\1", " ".join(note.split())))
 
 
 def fit(text: str, room: int) -> str:

@@ -474,6 +474,8 @@ class HamiAllocator:
     """Allocate from the pod annotations HAMi's scheduler wrote (the requested IDs are
     kubelet's units of the GPUs); releases the node lock when the pod is done."""
 
+    traces_allocate = True  # its Allocate step names the pod and the envs it got
+
     def __init__(
         self,
         core: client.CoreV1Api,
@@ -578,12 +580,16 @@ class HamiAllocator:
         except (AllocationError, ha.AnnotationError, ClusterError) as exc:
             self._finish(ref, ha.BIND_FAILED)
             raise AllocationError(f"pod {meta['namespace']}/{meta['name']}: {exc}") from exc
-        self._tracer.step(
-            "Allocate",
-            ref,
-            f"HAMi devices {', '.join(a.envs[VISIBLE_DEVICES_ENV] for a in result)}",
-            envs=[a.envs for a in result],
+        # per container: what HAMi-core reads (the device, its memory and SM limits)
+        shown = "; ".join(
+            ", ".join(
+                f"{k}={v}"
+                for k, v in sorted(a.envs.items())
+                if k == VISIBLE_DEVICES_ENV or k.startswith("CUDA_")
+            )
+            for a in result
         )
+        self._tracer.step("Allocate", ref, f"HAMi devices: {shown}", envs=[a.envs for a in result])
         self._try_success(ref)
         return result
 

@@ -163,6 +163,16 @@ class PluginManager:
     def start_plugins(self) -> bool:
         """Start a plugin per resource with devices; False if one failed (retry later)."""
         config = load_config(self.opts)
+        self.tracer.step(
+            "loadConfig",
+            self._node,
+            f"{self.opts.config_file.name if self.opts.config_file else 'no --config-file'} "
+            "+ flags: "
+            f"migStrategy={config.mig_strategy}, "
+            f"passDeviceSpecs={str(config.pass_device_specs).lower()}, "
+            f"sharing={config.sharing_strategy}",
+            config=config.to_json(),
+        )
         gpus = nvml.read_inventory()
         hami = load_hami_config(self.opts) if self.opts.hami else None
         if hami is None:
@@ -174,7 +184,6 @@ class PluginManager:
             self._node,
             f"{len(gpus)} GPU(s) via NVML; resources: "
             + (", ".join(f"{r.name}={len(r.devices)}" for r in resources) or "none"),
-            config=config.to_json(),
         )
         if hami is None:
             self._label(gpus, config)  # GFD's labels; HAMi's plugin writes none

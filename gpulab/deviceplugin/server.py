@@ -58,6 +58,10 @@ MAX_SOCKET_PATH = 105  # what gRPC accepts of sockaddr_un.sun_path (108 bytes)
 class Allocator(Protocol):
     """Turns one container's device IDs into what the container gets (HAMi plugs in here)."""
 
+    # whether the allocator writes its own Allocate step (HAMi's, on the pod it found
+    # through the node lock): then the server's Node-level line would say it twice
+    traces_allocate: bool
+
     def prefer(
         self,
         index: int,
@@ -77,6 +81,8 @@ class Allocator(Protocol):
 class DefaultAllocator:
     """Upstream's GetPreferredAllocation (topology, or the replica policy) and Allocate
     (the requested devices, visible by UUID)."""
+
+    traces_allocate = False
 
     def __init__(
         self, config: Config, gpus: Sequence[GPUInfo], present: Callable[[str], bool]
@@ -225,6 +231,15 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             raise FileNotFoundError(f"kubelet socket {kubelet} does not exist")
         with grpc.insecure_channel(f"unix://{kubelet}") as channel:
             grpc.channel_ready_future(channel).result(timeout=_DIAL_TIMEOUT)
+            # recorded as the call is made: kubelet calls GetDevicePluginOptions and starts
+            # ListAndWatch before Register returns (a failure raises to the caller's log)
+            self._tracer.step(
+                "Register",
+                self._node,
+                f"registering {self.resource.name} with kubelet",
+                resource=self.resource.name,
+                endpoint=self.socket.name,
+            )
             api_pb2_grpc.RegistrationStub(channel).Register(
                 api_pb2.RegisterRequest(
                     version=API_VERSION,
@@ -233,13 +248,6 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                     options=self._options(),
                 )
             )
-        self._tracer.step(
-            "Register",
-            self._node,
-            f"registered {self.resource.name} with kubelet",
-            resource=self.resource.name,
-            endpoint=self.socket.name,
-        )
 
     def Stop(self) -> None:
         self._stopping.set()
@@ -297,7 +305,16 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         )
 
     def GetDevicePluginOptions(self, request, context):
-        return self._options()
+        options = self._options()
+        self._tracer.step(
+            "GetDevicePluginOptions",
+            self._node,
+            f"{self.resource.name}: GetPreferredAllocationAvailable="
+            f"{str(options.get_preferred_allocation_available).lower()}, "
+            f"PreStartRequired={str(options.pre_start_required).lower()}",
+            resource=self.resource.name,
+        )
+        return options
 
     def _device_list(self, health: Mapping[str, str]) -> list[api_pb2.Device]:
         out = []
@@ -387,7 +404,7 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             self._reject(requests, str(exc))
             context.abort(grpc.StatusCode.UNKNOWN, f"failed to get allocate response: {exc}")
         response = api_pb2.AllocateResponse()
-        for alloc in allocations:
+        for ids, alloc in zip(requests, allocations, strict=True):
             container = response.container_responses.add()
             container.envs.update(alloc.envs)
             if self._driver is not None:
@@ -398,11 +415,21 @@ class NvidiaDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                     host_path=spec.host_path,
                     permissions=spec.permissions,
                 )
+            if self._allocator.traces_allocate:
+                continue
             visible = alloc.envs.get(VISIBLE_DEVICES_ENV, "")
+            # the response's three parts, as the container runtime gets them: without
+            # passDeviceSpecs (upstream's default) Devices is empty and the NVIDIA Container
+            # Toolkit adds /dev/nvidia* from the variable; the lab's one mount is its driver
+            devices = ", ".join(s.container_path for s in alloc.devices) or "none"
+            mounts = "none"
+            if container.mounts:
+                mounts = f"{len(container.mounts)} (lab: the fake driver)"
             self._tracer.step(
                 "Allocate",
                 self._node,
-                f"{self.resource.name}: {VISIBLE_DEVICES_ENV}={visible}",
+                f"{self.resource.name}: {len(ids)} ID(s) known (ValidateRequest) → "
+                f"{VISIBLE_DEVICES_ENV}={visible}; Devices: {devices}; Mounts: {mounts}",
                 resource=self.resource.name,
                 envs=alloc.envs,
                 device_specs=[s.host_path for s in alloc.devices],

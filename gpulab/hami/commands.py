@@ -102,7 +102,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="lab experiment: Filter answers before writing the pod's annotations; Bind waits",
     )
-    ext.set_defaults(func=_run_extender)
+    # the flags as typed (--http_bind, --scheduler-name) with their defaults, for the
+    # start-up's flag line (PrintPFlags); argparse keeps only the dest names on the Namespace
+    flags = [(a.option_strings[0], a.dest, a.default) for a in ext._actions if a.option_strings]
+    ext.set_defaults(func=_run_extender, flag_specs=flags)
 
     exp = sub.add_parser("explain", help="why the extender placed a pod where it did")
     exp.add_argument("kind", choices=["pod"])
@@ -153,6 +156,12 @@ def options(args: argparse.Namespace) -> Any:
                 nvidia=nvidia,
             ),
             legacy_metrics=args.legacy_metrics,
+            flags=tuple(
+                f"{flag}={getattr(args, dest)}"
+                for flag, dest, default in getattr(args, "flag_specs", ())
+                if dest != "help" and getattr(args, dest) != default
+            ),
+            device_config_file=args.device_config_file,
         )
     except (ConfigError, score.PolicyError, StartError) as exc:
         raise CLIError(str(exc)) from exc

@@ -162,7 +162,8 @@ def filter(s: Scheduler, args: Any) -> dict[str, Any]:
         "Filter",
         ref,
         f"{chosen.node} chosen ({opts.node_policy} nodes, {opts.gpu_policy} GPUs): "
-        f"{len(fits)} of {len(results)} nodes fit; GPUs {grants_line(chosen.devices)}",
+        f"{len(fits)} of {len(results)} nodes fit{tie_note(fits)}; "
+        f"GPUs {grants_line(chosen.devices)}",
         node=chosen.node,
         best={r.node: r.score for r in fits[-5:]},
     )
@@ -396,6 +397,19 @@ def success_order(fits: list[NodeResult], node_policy: str) -> list[NodeResult]:
     by_name = sorted(fits, key=lambda r: r.node, reverse=True)
     sign = -1.0 if node_policy == SPREAD else 1.0
     return sorted(by_name, key=lambda r: sign * (r.score or 0.0))
+
+
+def tie_note(ordered: Sequence[NodeResult]) -> str:
+    """Why the last of ``success_order`` won when its score is no better than others'
+    (every score 0.00 on idle GPUs): Go's sort leaves ties in no set order; the lab
+    takes the first node by name."""
+    if len(ordered) < 2 or ordered[-2].score != ordered[-1].score:
+        return ""
+    tied = sum(1 for r in ordered if r.score == ordered[-1].score)
+    return (
+        f", {tied} tie at score {ordered[-1].score or 0.0:.2f}: the first by name wins "
+        "(upstream's sort leaves ties in no set order)"
+    )
 
 
 def _failure_recorded(old: str | None) -> bool:

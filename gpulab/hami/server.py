@@ -15,22 +15,27 @@ import errno
 import gc
 import hashlib
 import logging
+import os
 import socket
 import ssl
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 from prometheus_client import start_http_server
 
 from gpulab.hami.cluster import ClusterError, KubeCluster, start_informers
+from gpulab.hami.config import go_duration_string
 from gpulab.hami.events import SchedulerEvents
 from gpulab.hami.metrics import ExtenderMetrics
 from gpulab.hami.routes import build_app
-from gpulab.hami.scheduler import Scheduler, SchedulerConfig
+from gpulab.hami.scheduler import REGISTER_PERIOD, Scheduler, SchedulerConfig
 from gpulab.hami.webhook import WebhookConfig
 from gpulab.kube import api_client
+from gpulab.trace import ObjectRef
 
 _log = logging.getLogger(__name__)
 
@@ -64,6 +69,8 @@ class ServerOptions:
     scheduler: SchedulerConfig
     webhook: WebhookConfig
     legacy_metrics: bool = False
+    flags: tuple[str, ...] = ()  # the flags set, as typed (--name=value)
+    device_config_file: str = ""
 
 
 def parse_bind(value: str, flag: str) -> tuple[str, int]:
@@ -153,15 +160,58 @@ def _thread(target: object, *args: object, name: str) -> None:
     threading.Thread(target=target, args=args, name=name, daemon=True).start()  # type: ignore[arg-type]
 
 
+def registered_routes(app: Any) -> str:
+    """The router's table as httprouter's ``router.POST(...)`` calls build it (Starlette
+    adds HEAD to each GET route; httprouter does not)."""
+    return ", ".join(
+        f"{method} {route.path}"
+        for route in app.routes
+        for method in sorted(set(getattr(route, "methods", None) or ()) - {"HEAD"})
+    )
+
+
+def own_pod(env: Mapping[str, str]) -> ObjectRef | None:
+    """The extender's Pod (POD_NAME, POD_NAMESPACE from the downward API): its start-up
+    steps are Events on it. None outside a pod: the steps are log lines only."""
+    name, namespace = env.get("POD_NAME"), env.get("POD_NAMESPACE")
+    return ObjectRef("Pod", name, namespace) if name and namespace else None
+
+
 def start(opts: ServerOptions) -> None:
-    """Run the extender until interrupted, in the order of ``start()``."""
+    """Run the extender until interrupted, in the order of ``start()``; each step of it is
+    a trace step on the extender's own Pod (the seed chapter's start-up, visible)."""
     http_sock = listen(opts.http_bind, "--http_bind")
     api = api_client(opts.kubeconfig)
+    hostname = socket.gethostname()
+    events = SchedulerEvents(api, f"hami-scheduler-{hostname}")
+    me = own_pod(os.environ)
+
+    def step(name: str, message: str) -> None:
+        events.trace.step(name, me, message)
+
+    cfg, nvidia = opts.scheduler, opts.scheduler.nvidia
+    step("PrintPFlags", " ".join(opts.flags) + " (the other flags at their defaults)")
+    step("NodeLockTimeout", f"Set node lock timeout {go_duration_string(cfg.node_lock_timeout)}")
+    step("InitGlobalClient", f"Kubernetes client for {api.configuration.host}")
     cluster = KubeCluster(api)
+    step(
+        "InitDevices",
+        f"{Path(opts.device_config_file).name}: {nvidia.resource_count_name}, "
+        f"{nvidia.resource_memory_name}, {nvidia.resource_core_name}; "
+        f"deviceSplitCount {nvidia.device_split_count}",
+    )
+    step("Hostname", f"{hostname} (the leader-election identity; the lab runs one replica)")
     stop = threading.Event()
-    events = SchedulerEvents(api, f"hami-scheduler-{socket.gethostname()}")
-    scheduler = Scheduler(cluster, opts.scheduler, events)
+    scheduler = Scheduler(cluster, cfg, events)
+    step(
+        "NewScheduler",
+        f"schedulerName {cfg.scheduler_name}: nodes {cfg.node_policy}, GPUs {cfg.gpu_policy}",
+    )
     _thread(scheduler.run_register_loop, stop, name="register-nodes")
+    step(
+        "RegisterFromNodeAnnotations",
+        f"in the background: on node add/delete and every {REGISTER_PERIOD:g}s",
+    )
     try:
         listers, informers = start_informers(api, scheduler, INFORMER_SYNC)
     except ClusterError as exc:
@@ -169,6 +219,11 @@ def start(opts: ServerOptions) -> None:
         raise StartError(str(exc)) from exc
     scheduler.attach(listers)
     tune_gc()  # the informer stores hold every pod and node now
+    step(
+        "Start",
+        "informers synced: "
+        + ", ".join(f"{len(inf.store)} {inf.lw.resource.plural}" for inf in informers),
+    )
 
     metrics = ExtenderMetrics(scheduler, legacy=opts.legacy_metrics)
     host, port = opts.metrics_bind
@@ -183,7 +238,10 @@ def start(opts: ServerOptions) -> None:
             ) from exc
         raise StartError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 
+    step("initMetrics", f"Prometheus metrics on {host}:{port}")
+
     app = build_app(scheduler, opts.webhook, metrics)
+    step("httprouter", f"routes registered: {registered_routes(app)}")
     tls = bool(opts.cert_file and opts.key_file)
     config = uvicorn.Config(
         app,
@@ -198,6 +256,11 @@ def start(opts: ServerOptions) -> None:
         config.ssl = reloader.context
         _thread(reloader.run, stop, name="cert-watcher")
     scheme = "https" if tls else "http"
+    step(
+        "ListenAndServeTLS" if tls else "ListenAndServe",
+        f"{scheme}://{opts.http_bind[0]}:{opts.http_bind[1]}"
+        + (" (certwatcher: the certificate is reloaded when its files change)" if tls else ""),
+    )
     _log.info(
         "hami-scheduler extender on %s://%s:%d (metrics on %s:%d)",
         scheme,

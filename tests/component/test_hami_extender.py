@@ -41,7 +41,7 @@ from gpulab.hami.filter import FILTER_RESULT
 from gpulab.hami.metrics import ExtenderMetrics
 from gpulab.hami.routes import build_app
 from gpulab.hami.scheduler import Scheduler, SchedulerConfig
-from gpulab.hami.server import listen
+from gpulab.hami.server import listen, registered_routes
 from gpulab.hami.webhook import WebhookConfig
 from gpulab.trace import Tracer
 from gpulab.wait import wait_for
@@ -209,6 +209,10 @@ def serve() -> Iterator[Any]:
 
 def test_routes_as_the_release_serves_them(serve: Any) -> None:
     world = World(connect=False)
+    # the start-up's router line (httprouter's table: no HEAD twins of the GETs)
+    assert registered_routes(world.app) == (
+        "POST /filter, POST /bind, POST /webhook, GET /healthz, GET /readyz"
+    )
     http = serve(world.app)
     for path in ("/healthz", "/readyz"):  # 200 with an empty body, synced or not
         r = http.get(path)

@@ -7,6 +7,7 @@ import threading
 
 import httpx
 import pytest
+from golden import assert_shape
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -162,7 +163,8 @@ spec: {{selector: {{matchLabels: {{app: a}}}}, template: {{metadata: {{labels: {
 
 
 @pytest.mark.local_backend
-def test_cluster_demo_passes_against_this_cluster(cluster) -> None:
+def test_cluster_demo_passes_against_this_cluster(cluster, capsys) -> None:
     from demos import cluster as demo
 
     assert demo.run(argparse.Namespace(spec="e2e", backend="local")) == 0
+    assert_shape("cluster", capsys.readouterr().out)  # tests/e2e/golden/cluster.yaml

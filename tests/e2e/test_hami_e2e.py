@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import Cluster, fresh_namespace, running_cluster
+from golden import assert_shape
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -410,6 +411,10 @@ def test_the_extender_talks_as_its_service_account(hami: Cluster, ns: str) -> No
     demo.wait_allocated(hami.api, ns, "denied")  # positive control: the same pod, allowed
 
 
-def test_demo_runs_against_the_hami_cluster(hami: Cluster) -> None:
+def test_demo_runs_against_the_hami_cluster(
+    hami: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = argparse.Namespace(spec=SPEC, backend="local", diagram=None)
     assert demo.run(args) == 0
+    # seed 003's steps in their order (tests/e2e/golden/hami.yaml)
+    assert_shape("hami", capsys.readouterr().out)

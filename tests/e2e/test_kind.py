@@ -110,7 +110,9 @@ def test_the_device_plugin_registers_with_the_real_kubelet(kind: Cluster) -> Non
     logs = client.CoreV1Api(kind.api).read_namespaced_pod_log(
         pod.metadata.name, SYSTEM_NAMESPACE, container="device-plugin"
     )
-    assert "registered nvidia.com/gpu with kubelet" in logs
+    # kubelet calls ListAndWatch only on a plugin whose Register it accepted
+    assert "registering nvidia.com/gpu with kubelet" in logs
+    assert '"step": "ListAndWatch"' in logs
 
 
 def test_a_gpu_pod_sees_only_its_gpus(kind: Cluster, ns: str) -> None:

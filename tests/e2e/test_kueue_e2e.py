@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Cluster, fresh_namespace, running_cluster
+from golden import assert_shape
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -615,8 +616,10 @@ def demo_namespaces(cluster) -> Iterator[None]:
 
 
 @pytest.mark.local_backend
-def test_kueue_demo_passes_against_this_cluster(cluster, demo_namespaces) -> None:
+def test_kueue_demo_passes_against_this_cluster(cluster, demo_namespaces, capsys) -> None:
     assert demo.run(argparse.Namespace(spec="e2e", backend="local")) == 0
+    # seed 000 §6.6's steps in their order (tests/e2e/golden/kueue.yaml)
+    assert_shape("kueue", capsys.readouterr().out)
 
 
 # -- Kueue in front of HAMi -------------------------------------------------------------------

@@ -3,6 +3,10 @@ ValidateRequest and the Allocate response, as pure functions."""
 
 from __future__ import annotations
 
+import io
+import json
+from pathlib import Path
+
 import pytest
 
 from gpulab.deviceplugin.allocate import (
@@ -14,10 +18,14 @@ from gpulab.deviceplugin.allocate import (
     preferred_allocation,
     validate_request,
 )
+from gpulab.deviceplugin.api import api_pb2
 from gpulab.deviceplugin.config import Config, parse, time_slicing
+from gpulab.deviceplugin.health import xid_filter
 from gpulab.deviceplugin.rm import GPUInfo, build_resources, parse_mig_minors
+from gpulab.deviceplugin.server import DefaultAllocator, DriverFiles, NvidiaDevicePlugin
 from gpulab.fakegpu import inventory, profiles
 from gpulab.fakegpu.render import mig_minors
+from gpulab.trace import Tracer
 
 NODE = "n1"
 SAME_NUMA, CROSS_NUMA = 40, 50
@@ -153,3 +161,30 @@ def test_mig_allocations_carry_their_nvidia_caps_devices() -> None:
         f"/dev/nvidia-caps/nvidia-cap{3 + 4 * 135 + 3 * 9}",
         f"/dev/nvidia-caps/nvidia-cap{3 + 4 * 135 + 3 * 9 + 1}",
     ]
+
+
+def test_the_trace_tells_options_and_each_part_of_the_allocate_response() -> None:
+    """kubelet's GetDevicePluginOptions is a step of its own, and the Allocate line names
+    what the container runtime gets: the envs, the device nodes (none without
+    passDeviceSpecs) and the mounts (the lab's fake driver)."""
+    gpus = inventory.gpu_infos(profiles.load("t4-x4"), "n1")
+    log = io.StringIO()
+    resource = build_resources(gpus, Config())[0]
+    plugin = NvidiaDevicePlugin(
+        resource, gpus, Config(), Path("/nonexistent"), Tracer("device-plugin", None, stream=log),
+        "n1", xid_filter({}), DefaultAllocator(Config(), gpus, bool),
+        driver=DriverFiles("/var/lib/fake-gpu/n1/config"),
+    )  # fmt: skip
+    options = plugin.GetDevicePluginOptions(api_pb2.Empty(), None)
+    assert options.get_preferred_allocation_available
+    ids = [d.id for d in resource.devices[:2]]
+    request = api_pb2.AllocateRequest()
+    request.container_requests.add(devices_ids=ids)
+    plugin.Allocate(request, None)
+    steps = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert [s["step"] for s in steps] == ["GetDevicePluginOptions", "Allocate"]
+    assert "GetPreferredAllocationAvailable=true" in steps[0]["message"]
+    assert steps[1]["message"] == (
+        f"nvidia.com/gpu: 2 ID(s) known (ValidateRequest) → NVIDIA_VISIBLE_DEVICES="
+        f"{gpus[0].uuid},{gpus[1].uuid}; Devices: none; Mounts: 1 (lab: the fake driver)"
+    )

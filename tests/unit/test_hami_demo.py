@@ -38,7 +38,7 @@ def test_filter_is_credited_with_the_device_choice_and_bind_with_the_phase() -> 
         },
         "spec": {"nodeName": "gpu-t4-0"},
     }
-    filter_line, bind_line, allocate_line, done = allocation_lines(pod)
+    filter_line, bind_line = allocation_lines(pod)
     assert filter_line.startswith("Filter wrote hami.io/vgpu-node=gpu-t4-0, ")
     assert ha.DEVICES_TO_ALLOCATE in filter_line and ha.DEVICES_ALLOCATED in filter_line
     assert filter_line.endswith(f"{CARD} 3000MiB 30%")
@@ -47,10 +47,6 @@ def test_filter_is_credited_with_the_device_choice_and_bind_with_the_phase() -> 
         "then bound the pod to gpu-t4-0"
     )
     assert ha.DEVICES_ALLOCATED not in bind_line
-    assert (
-        allocate_line == f"Allocate (cuda): CUDA_DEVICE_SM_LIMIT=30, NVIDIA_VISIBLE_DEVICES={CARD}"
-    )
-    assert done.endswith("hami.io/bind-phase=success")
 
 
 def test_the_demo_reads_nvidia_smi_as_printed() -> None:

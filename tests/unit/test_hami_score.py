@@ -9,6 +9,7 @@ from gpulab.hami import score
 from gpulab.hami.annotations import ContainerDevice, MigProfile
 from gpulab.hami.config import NvidiaConfig
 from gpulab.hami.device import CardFilter, ContainerRequest, RequestError, container_request
+from gpulab.hami.filter import success_order, tie_note
 from gpulab.hami.pods import Share, app_only_usage, collapse_init_usage
 from gpulab.hami.score import CardUsage, FitOptions, NodeExtras, NodeResult, PolicyError
 
@@ -343,3 +344,18 @@ def test_vgpu_mode_keeps_hami_core_pods_off_mig_gpus_and_mig_pods_off_the_rest()
     mig = fit(cards, req(mem=3000), opts=opts(**{"nvidia.com/vgpu-mode": "mig"}))
     assert grants(core) == [["GPU-0"]] and core.devices[0][0].mig is None
     assert grants(mig) == [["GPU-1"]] and mig.devices[0][0].mig == ("1g.5gb", 6, 1)
+
+
+def test_a_tie_says_why_the_chosen_node_won() -> None:
+    """Idle GPUs score 0.00 everywhere: the Filter line says the tie went to the first node
+    by name (the last of success_order), not that its score was best."""
+    idle = [NodeResult(n, True, score=0.0) for n in ("gpu-t4", "gpu-a100", "gpu-h100")]
+    ordered = success_order(idle, score.BINPACK)
+    assert ordered[-1].node == "gpu-a100"
+    assert tie_note(ordered) == (
+        ", 3 tie at score 0.00: the first by name wins (upstream's sort leaves ties in no "
+        "set order)"
+    )
+    busy = [NodeResult("gpu-t4", True, score=2.5), *idle[1:]]
+    assert success_order(busy, score.BINPACK)[-1].node == "gpu-t4"
+    assert tie_note(success_order(busy, score.BINPACK)) == ""

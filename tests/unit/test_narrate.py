@@ -148,3 +148,45 @@ def test_a_whole_second_event_is_not_late_against_a_line_timed_within_that_secon
     assert whole.time.microsecond == 0
     n.add(whole, now=5.0)
     assert [t.late for t in n.drain()] == [False]
+
+
+def test_a_plugin_restarted_within_a_second_is_two_rounds_in_time_order() -> None:
+    # the old plugin's end (allocatable 0), then the new one's whole start: the second
+    # GetCapacity is not merged with the first, nor the first put after ListAndWatch
+    node = "Node gpu-h100"
+    story = [
+        line(0.05, "GetCapacity", node),
+        line(0.10, "loadConfig", node),
+        line(0.12, "Start", node),
+        line(0.30, "Serve", node),
+        line(0.45, "Register", node),
+        line(0.50, "GetDevicePluginOptions", node),
+        line(0.90, "ListAndWatch", node),
+        line(0.95, "GetCapacity", node),
+    ]
+    assert causal_order(story[::-1]) == story
+    # a step recorded late is still put back before the steps it caused, if close
+    late = [*story[:4], line(0.50, "GetDevicePluginOptions", node), line(0.55, "Register", node)]
+    assert steps(causal_order(late))[-2:] == ["Register", "GetDevicePluginOptions"]
+
+
+def test_whole_second_events_follow_the_steps_that_caused_them() -> None:
+    # the Job controller's core/v1 Events carry only their second: its SuccessfulCreate
+    # comes after Kueue's startJob (timed within that second) that let it create the pod
+    job, wl = "Job demo/a-1", "Workload demo/job-a-1"
+    arrived = [
+        line(0.0, "Suspended", job),
+        line(0.0, "SuccessfulCreate", job),
+        line(0.0, "Resumed", job),
+        line(0.3, "AddOrUpdateWorkload", wl),
+        line(0.5, "admit", wl),
+        line(0.8, "startJob", job),
+    ]
+    assert steps(causal_order(arrived)) == [
+        "Suspended",
+        "AddOrUpdateWorkload",
+        "admit",
+        "startJob",
+        "Resumed",
+        "SuccessfulCreate",
+    ]

@@ -188,8 +188,10 @@ class JobReconciler:
         key = f"{wl['metadata']['namespace']}/{wl['metadata']['name']}"
         written = self._update(key, release)
         if written is not None:
+            # the eviction's message (a preemption's names both UIDs) is on the
+            # Workload's IssuePreemptions line already: its reason says which one
             self.m.tracer.step(
-                "stopJob", ObjectRef.of(written), f"quota reservation released: {message}"
+                "stopJob", ObjectRef.of(written), f"quota reservation released ({reason})"
             )
 
     # -- batch/v1 Job ----------------------------------------------------------------------
@@ -327,8 +329,9 @@ class JobReconciler:
         return job
 
     def _stop_evicted_job(self, job: Obj, wl: Obj, jref: ObjectRef) -> None:
-        message = (condition(wl, api.EVICTED) or {}).get("message", "")
-        job = self._stop_job(job, wl, jref, message)
+        evicted = condition(wl, api.EVICTED) or {}
+        why = f"its Workload was evicted ({evicted.get('reason', '')})"
+        job = self._stop_job(job, wl, jref, why)
         if wlutil.has_quota_reservation(wl) and not (job.get("status") or {}).get("active"):
             self._release_after_stop(wl)
 

@@ -49,7 +49,7 @@ from gpulab.kueue.model import condition_true
 from gpulab.kueue.preemption import Preemptor
 from gpulab.kueue.queue import Manager as QueueManager
 from gpulab.kueue.resources import adjust_resources
-from gpulab.trace import Tracer
+from gpulab.trace import ObjectRef, Tracer
 from gpulab.wait import WaitTimeout, wait_for
 from gpulab.workqueue import WorkQueue, run_worker
 
@@ -192,6 +192,19 @@ class Manager:
         if owner.get("kind") == "Pod":
             return jobsutil.Ref(jobsutil.POD, meta["namespace"], owner["name"])
         return None
+
+    def _trace_queued(self, wl: Mapping[str, Any]) -> None:
+        """A Workload without quota (new, or evicted) enters its ClusterQueue: the step the
+        seed calls FindClusterQueue (upstream: the controller's event handler, not
+        Reconcile, reads the LocalQueue)."""
+        queue = _queue(wl)
+        cq = self.queues.cluster_queue_for(wl["metadata"]["namespace"], queue)
+        where = f"ClusterQueue {cq}'s queue" if cq else "nowhere (parked until it exists)"
+        self.tracer.step(
+            "AddOrUpdateWorkload",
+            ObjectRef.of(wl),
+            f"no quota reserved: LocalQueue {queue} → {where}",
+        )
 
     def queue_pending(self, wl: Mapping[str, Any]) -> None:
         """AddOrUpdateWorkload into the ClusterQueue its LocalQueue names (call with the
@@ -399,6 +412,8 @@ class Manager:
                     self.queues.delete_workload(key)
                 else:
                     self.queue_pending(new)
+                    if prev in ("absent", "reserved"):
+                        self._trace_queued(new)
             old_cq = self.queues.cluster_queue_for(new["metadata"]["namespace"], _queue(old or new))
         if deleted and self.unadmitted is not None:
             self.unadmitted.remove(key)

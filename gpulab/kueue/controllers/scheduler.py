@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 
 from gpulab.kueue import api
 from gpulab.kueue import workload as wlutil
-from gpulab.kueue.api import format_value
+from gpulab.kueue.api import FlavorResource, format_value
 from gpulab.kueue.cache import CQNode
 from gpulab.kueue.controllers.client import WORKLOADS, is_conflict, is_not_found
 from gpulab.kueue.model import WorkloadInfo, condition, timestamp
@@ -50,6 +50,26 @@ def cq_path(cq: CQNode | None, name: str = "") -> str:
         return f"/{name}" if name else ""
     parts = [cq.name, *(a.name for a in cq.path_to_root())]
     return "/" + "/".join(reversed(parts))
+
+
+def quota_books(cq: CQNode | None, usage: Mapping[FlavorResource, int]) -> str:
+    """What the quota cache holds for ``cq`` once a Workload's ``usage`` is added
+    (pkg/cache's ClusterQueue: nominal quota, borrowing limit, usage): the numbers the
+    next decision is taken from, without asking the API server."""
+    if cq is None:
+        return "ClusterQueue gone from the cache"
+    parts = []
+    for fr, value in usage.items():
+        quota = cq.quota(fr)
+        limit = "none" if quota.borrowing_limit is None else quota.borrowing_limit
+        used = cq.usage.get(fr, 0)
+        borrowed = f", borrowing {used - quota.nominal}" if used > quota.nominal else ""
+        parts.append(
+            f"{fr.resource} ({fr.flavor}) +{format_value(fr.resource, value)}: used "
+            f"{format_value(fr.resource, used)} of nominal "
+            f"{format_value(fr.resource, quota.nominal)}{borrowed}, borrowingLimit {limit}"
+        )
+    return f"cache: ClusterQueue {cq.name} " + "; ".join(parts)
 
 
 def queued_wait_seconds(wl: Mapping[str, Any], now: float) -> float:
@@ -193,9 +213,12 @@ class SchedulerRunner:
         base = m.store(WORKLOADS).get(key) or e.info.obj
         assumed = copy.deepcopy(base)
         reserve(assumed)
+        info = m.wl_info(assumed)
         with m.lock:
-            if not m.cache.add_or_update_workload(m.wl_info(assumed)):
+            if not m.cache.add_or_update_workload(info):
                 return False
+            books = quota_books(m.cache.cq_node(e.admission["clusterQueue"]), info.usage())
+        m.tracer.step("assumeWorkload", ObjectRef.of(assumed), books)
         try:
             written = self.update_status(key, reserve)
         except ApiException as exc:
