@@ -11,7 +11,11 @@ rest. The transform adapts webhook ``clientConfig``s to the backend:
 - local (:class:`LocalTransform`): the API server runs on the host and cannot resolve a
   Service's DNS name, so a webhook calls the Service's address on the host
   (``https://127.K.A.B:PORT/path``, served by the pod runner's service proxy, see
-  harness/podrunner/network.py); the serving certificate names that address too.
+  harness/podrunner/network.py); the serving certificate names that address too. An
+  aggregated API's APIService (which can only name a Service) is pointed at an
+  ExternalName Service ``<service>-host`` whose externalName is that address: kube-apiserver
+  resolves a ClusterIP Service to its ClusterIP, which no host process serves, and its
+  EndpointSlices cannot hold the pods' loopback IPs.
 """
 
 from __future__ import annotations
@@ -69,6 +73,25 @@ def webhook_services(docs: Iterable[Obj]) -> set[tuple[str, str]]:
         for doc in docs
         for cfg in _client_configs(copy.deepcopy(doc))
         if "service" in cfg
+    }
+
+
+def api_services(docs: Iterable[Obj]) -> set[tuple[str, str]]:
+    """(name, namespace) of every Service an APIService proxies to."""
+    return {
+        (svc["name"], svc["namespace"])
+        for doc in docs
+        if doc.get("kind") == "APIService" and (svc := (doc.get("spec") or {}).get("service"))
+    }
+
+
+def host_service(name: str, namespace: str, address: str) -> Obj:
+    """The local backend's stand-in an APIService names: ExternalName ``address``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{name}-host", "namespace": namespace},
+        "spec": {"type": "ExternalName", "externalName": address},
     }
 
 
@@ -146,31 +169,42 @@ class LocalTransform:
     _addresses: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def prepare(self, api: client.ApiClient, docs: list[Obj]) -> list[Obj]:
-        core = client.CoreV1Api(api)
         secrets = []
         for name, ns in sorted(webhook_services(docs)):
             if name in self.service_ports:
                 continue
-            try:
-                cluster_ip = core.read_namespaced_service(name, ns).spec.cluster_ip
-            except ApiException as exc:
-                raise HarnessError(
-                    f"webhook Service {ns}/{name} is not in the manifests applied with it "
-                    f"({exc.status} {exc.reason}); add it to the chapter's manifests"
-                ) from None
-            if self.block is None:
-                raise HarnessError("the cluster is not up: no loopback block for its Services")
-            address = service_address(self.block, cluster_ip or "")
-            if address is None:
-                raise HarnessError(f"webhook Service {ns}/{name} has no ClusterIP")
-            self._addresses[(name, ns)] = address
+            address = self._address(api, name, ns, "webhook")
             secrets.append(serving_secret(self.ca, self.directory, name, ns, (address,)))
-        return secrets
+        hosts = [
+            host_service(name, ns, self._address(api, name, ns, "APIService"))
+            for name, ns in sorted(api_services(docs))
+        ]
+        return [*secrets, *hosts]
+
+    def _address(self, api: client.ApiClient, name: str, ns: str, user: str) -> str:
+        """Where the pod runner serves the Service (127.K.A.B), remembered for __call__."""
+        try:
+            cluster_ip = client.CoreV1Api(api).read_namespaced_service(name, ns).spec.cluster_ip
+        except ApiException as exc:
+            raise HarnessError(
+                f"{user} Service {ns}/{name} is not in the manifests applied with it "
+                f"({exc.status} {exc.reason}); add it to the chapter's manifests"
+            ) from None
+        if self.block is None:
+            raise HarnessError("the cluster is not up: no loopback block for its Services")
+        address = service_address(self.block, cluster_ip or "")
+        if address is None:
+            raise HarnessError(f"{user} Service {ns}/{name} has no ClusterIP")
+        self._addresses[(name, ns)] = address
+        return address
 
     def __call__(self, doc: Obj) -> tuple[Obj, bool]:
         if doc.get("kind", "") in WORKLOAD_KINDS:
             return doc, self.dry_run_workloads
         doc = copy.deepcopy(doc)
+        svc = (doc.get("spec") or {}).get("service") if doc.get("kind") == "APIService" else None
+        if svc is not None:
+            svc["name"] = host_service(svc["name"], svc["namespace"], "")["metadata"]["name"]
         for cfg in _client_configs(doc):
             svc = cfg.pop("service", None)
             if svc is None:

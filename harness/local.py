@@ -221,6 +221,9 @@ class LocalCluster(ClusterAPI):
             path.write_text(self._kubeconfig_text(pair))
             path.chmod(0o600)
         pki.create_service_account_keys(self.pki)
+        # the aggregation layer, as kubeadm sets it up: a separate CA for the front proxy
+        front = pki.create_ca(self.pki, "front-proxy-ca", stem="front-proxy-ca")
+        pki.issue(front, self.pki, "front-proxy-client", "front-proxy-client", client=True)
         (self.dir / "scheduler-config.yaml").write_text(
             yaml.safe_dump(self.scheduler_config(), sort_keys=False)
         )
@@ -304,6 +307,15 @@ class LocalCluster(ClusterAPI):
                 f"--service-account-key-file={pk / 'sa.pub'}",
                 f"--service-account-signing-key-file={pk / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                # the aggregation layer (kubeadm's flags): aggregated APIs such as Kueue's
+                # visibility server trust the front proxy's certificate and X-Remote-* headers
+                f"--requestheader-client-ca-file={pk / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pk / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pk / 'front-proxy-client.key'}",
                 f"--service-cluster-ip-range={network.SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
                 # kwok serves `kubectl logs` on the node's InternalIP (127.0.0.1)

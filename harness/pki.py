@@ -1,6 +1,8 @@
 """Certificates for a local cluster: one CA, serving certs, client certs, the SA key pair.
 
-What kubeadm would make, minus what kwok nodes never use (kubelet certs, front proxy).
+What kubeadm would make, minus what kwok nodes never use (kubelet certs), plus the front
+proxy's CA and client cert the aggregation layer needs (kube-apiserver proxying to an
+aggregated API such as Kueue's visibility server).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _name(cn: str, org: str | None = None) -> x509.Name:
     return x509.Name(attrs)
 
 
-def create_ca(directory: Path, cn: str = "gpulab-ca") -> KeyPair:
+def create_ca(directory: Path, cn: str = "gpulab-ca", stem: str = "ca") -> KeyPair:
     key = _key()
     now = dt.datetime.now(dt.UTC)
     cert = (
@@ -74,7 +76,7 @@ def create_ca(directory: Path, cn: str = "gpulab-ca") -> KeyPair:
         )
         .sign(key, hashes.SHA256())
     )
-    pair = KeyPair(directory / "ca.crt", directory / "ca.key")
+    pair = KeyPair(directory / f"{stem}.crt", directory / f"{stem}.key")
     pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key, pair.key)
     return pair

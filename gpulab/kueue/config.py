@@ -6,7 +6,8 @@ its defaults (defaults.go). What the lab honours: ``waitForPodsReady`` (timeout,
 blockAdmission, recoveryTimeout, requeuingStrategy), ``fairSharing``
 (preemptionStrategies), ``resources`` (excludeResourcePrefixes, transformations),
 ``integrations.frameworks`` (batch/job, pod, deployment, statefulset),
-``featureGates`` (UnadmittedWorkloadsObservability, WorkloadPriorityClassDefaulting),
+``featureGates`` (UnadmittedWorkloadsObservability, WorkloadPriorityClassDefaulting,
+VisibilityOnDemand, LocalQueueMetrics), ``visibilityServer`` (bindPort, bindAddress),
 ``metrics.enableClusterQueueResources``, ``metrics.bindAddress``, ``webhook.port``,
 ``namespace``. Fields that only tune a multi-replica deployment (leaderElection,
 clientConnection, controller, health, pprofBindAddress, internalCertManagement) are
@@ -36,6 +37,8 @@ FRAMEWORKS = ("batch/job", "pod", "deployment", "statefulset")
 FEATURE_GATES = {
     "UnadmittedWorkloadsObservability": False,
     "WorkloadPriorityClassDefaulting": False,
+    "VisibilityOnDemand": True,
+    "LocalQueueMetrics": True,
 }
 NOT_APPLICABLE = (
     "leaderElection",
@@ -74,6 +77,9 @@ class Configuration:
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(FEATURE_GATES))
     cluster_queue_resource_metrics: bool = False
     metrics_bind: str | None = None
+    # visibilityServer (bindAddress, bindPort): no address = the webhooks' host (lab: so
+    # the pod runner's per-pod address applies; upstream binds every interface)
+    visibility_bind: tuple[str | None, int] = (None, 8082)  # DefaultVisibilityBindPort
     webhook_port: int | None = None
     not_applicable: tuple[str, ...] = ()
 
@@ -191,6 +197,7 @@ def parse(raw: Mapping[str, Any]) -> Configuration:
         "featureGates",
         "metrics",
         "webhook",
+        "visibilityServer",
         *NOT_APPLICABLE,
     }
     _check_keys(raw, known, "Configuration")
@@ -220,6 +227,8 @@ def parse(raw: Mapping[str, Any]) -> Configuration:
     _check_keys(metrics, {"bindAddress", "enableClusterQueueResources"}, "metrics")
     webhook = _mapping(raw.get("webhook"), "webhook")
     _check_keys(webhook, {"port", "host", "certDir"}, "webhook")
+    visibility = _mapping(raw.get("visibilityServer"), "visibilityServer")
+    _check_keys(visibility, {"bindPort", "bindAddress"}, "visibilityServer")
     wfpr = raw.get("waitForPodsReady")
     return Configuration(
         namespace=raw.get("namespace") or "kueue-system",
@@ -232,6 +241,7 @@ def parse(raw: Mapping[str, Any]) -> Configuration:
         feature_gates=gates,
         cluster_queue_resource_metrics=bool(metrics.get("enableClusterQueueResources", False)),
         metrics_bind=metrics.get("bindAddress"),
+        visibility_bind=(visibility.get("bindAddress"), int(visibility.get("bindPort") or 8082)),
         webhook_port=webhook.get("port"),
         not_applicable=tuple(k for k in NOT_APPLICABLE[:-2] if k in raw),
     )

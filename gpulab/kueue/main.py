@@ -1,6 +1,7 @@
 """`gpulab kueue-controller`: the Kueue counterpart's process (kubernetes-sigs/kueue
-v0.19.2 cmd/kueue/main.go): read the Configuration, serve the webhooks and the metrics,
-run the manager (informers, reconcilers, scheduler) until interrupted.
+v0.19.2 cmd/kueue/main.go): read the Configuration, serve the webhooks, the metrics and
+(VisibilityOnDemand) the visibility API, run the manager (informers, reconcilers,
+scheduler) until interrupted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from gpulab.informer import JOBS
 from gpulab.kube import api_client
-from gpulab.kueue import api, webhook
+from gpulab.kueue import api, visibility, webhook
 from gpulab.kueue.config import Configuration
 from gpulab.kueue.controllers import client as kc
 from gpulab.kueue.controllers.client import KubeClient
@@ -55,6 +56,31 @@ def lookups(manager: Manager, kube: KubeClient) -> webhook.Lookups:
     )
 
 
+def start_visibility(
+    manager: Manager, client: Any, bind: tuple[str, int], cert_file: str, key_file: str
+) -> None:
+    """CreateAndStartVisibilityServer, with the webhooks' serving certificate (the
+    APIServices skip TLS verification, as upstream's). Without the front proxy's CA
+    (a kube-apiserver started without --requestheader-client-ca-file) nothing is served."""
+    try:
+        client_ca, allowed = visibility.request_header_config(client)
+    except ApiException as exc:
+        _log.warning("visibility API not served: %s", exc.reason)
+        return
+    if not client_ca:
+        _log.warning("visibility API not served: kube-apiserver has no front-proxy CA")
+        return
+    visibility.serve_in_thread(
+        manager.queues,
+        *bind,
+        cert_file,
+        key_file,
+        client_ca,
+        allowed,
+        visibility.subject_access_review(client),
+    )
+
+
 def run(
     kubeconfig: str | None,
     config: Configuration,
@@ -76,6 +102,10 @@ def run(
         server = webhook.serve_in_thread(
             webhook_bind, str(cert_file), str(key_file), lookups(manager, kube), manager.stop
         )
+        if config.gate("VisibilityOnDemand"):
+            host = config.visibility_bind[0] or webhook.parse_bind(webhook_bind)[0]
+            bind = (host, config.visibility_bind[1])
+            start_visibility(manager, client, bind, str(cert_file), str(key_file))
     if metrics_bind is not None:
         metrics.serve(*metrics_bind)
     signal.signal(signal.SIGTERM, lambda *_: manager.stop.set())

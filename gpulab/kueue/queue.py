@@ -65,6 +65,7 @@ class ClusterQueueQueue:
     items: dict[str, WorkloadInfo] = field(default_factory=dict)  # in the heap
     inadmissible: dict[str, WorkloadInfo] = field(default_factory=dict)
     inflight: str | None = None
+    inflight_info: WorkloadInfo | None = None  # the Workload ``inflight`` names, for Snapshot
     sticky: str | None = None  # the preemptor waiting for its victims (BestEffortFIFO)
     preemptor: str | None = None
     pop_cycle: int = 0
@@ -74,8 +75,7 @@ class ClusterQueueQueue:
 
     def _push(self, wl: WorkloadInfo) -> None:
         self.items[wl.key] = wl
-        order = (-wl.priority, wl.queue_ts, wl.uid)
-        heapq.heappush(self._heap, (order, next(self._seq), wl.key))
+        heapq.heappush(self._heap, (_order(wl), next(self._seq), wl.key))
 
     def push_or_update(self, wl: WorkloadInfo, now: float) -> None:
         if wl.key == self.inflight:
@@ -113,6 +113,7 @@ class ClusterQueueQueue:
                     wl = self.items.pop(key)
                     break
         self.inflight = wl.key if wl else None
+        self.inflight_info = wl
         return wl
 
     def requeue_if_not_present(self, wl: WorkloadInfo, reason: RequeueReason, now: float) -> bool:
@@ -167,6 +168,21 @@ class ClusterQueueQueue:
 
     def all_pending(self) -> list[WorkloadInfo]:
         return [*self.items.values(), *self.inadmissible.values()]
+
+    def snapshot(self) -> list[WorkloadInfo]:
+        """Snapshot: every pending Workload (heap, inadmissible, in flight) in queue
+        order, the sticky preemptor first, as the visibility API lists them."""
+        pending = self.all_pending()
+        info = self.inflight_info
+        if info is not None and self.inflight == info.key and info.key not in self.items:
+            pending.append(info)
+        return sorted(pending, key=lambda wl: (wl.key != self.sticky, _order(wl)))
+
+
+def _order(wl: WorkloadInfo) -> tuple[int, float, str]:
+    """The heap's less function: higher priority, then the earlier queue-order
+    timestamp, then the UID."""
+    return (-wl.priority, wl.queue_ts, wl.uid)
 
 
 def _same_for_admission(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -429,6 +445,12 @@ class Manager:
                 return sum(1 for k, v in self.assigned.items() if v == lq_key and k in self.parked)
             keys = [*cq.items, *cq.inadmissible, *([cq.inflight] if cq.inflight else [])]
             return sum(1 for k in keys if self.assigned.get(k) == lq_key)
+
+    def pending_workloads_info(self, cq_name: str) -> list[WorkloadInfo] | None:
+        """PendingWorkloadsInfo: the ClusterQueue's Snapshot, None if it is unknown."""
+        with self.cond:
+            cq = self.cluster_queues.get(cq_name)
+            return cq.snapshot() if cq is not None else None
 
     def pending_workloads(self) -> list[WorkloadInfo]:
         with self.cond:
