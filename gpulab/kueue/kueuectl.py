@@ -595,10 +595,10 @@ def build(parser: argparse.ArgumentParser) -> None:
             p.set_defaults(handler=_stop_resume, resource=name)
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace) -> int:
     kc = Client(api_client(args.kubeconfig))
     try:
-        return int(args.handler(args, kc, out))
+        return int(args.handler(args, kc, sys.stdout))
     except ApiException as exc:
         body = json.loads(exc.body or "{}") if exc.body else {}
         raise UserError(f"Error from server: {body.get('message') or exc.reason}") from None
