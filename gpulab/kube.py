@@ -64,6 +64,13 @@ def in_pod() -> bool:
 CONNECTIONS = 64
 
 
+def own_pod() -> tuple[str, str] | None:
+    """(namespace, name) of the pod this process runs in, from the downward API's
+    POD_NAMESPACE and POD_NAME; None outside a pod or where the manifest sets neither."""
+    name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    return (namespace, name) if name and namespace else None
+
+
 def api_client(
     kubeconfig: str | Path | None = None, connections: int = CONNECTIONS
 ) -> client.ApiClient:

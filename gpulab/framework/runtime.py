@@ -60,6 +60,7 @@ from gpulab.framework.interface import (
 from gpulab.framework.queue import DefaultEnqueueExtension
 from gpulab.framework.snapshot import NodeInfo, Snapshot, pod_key, pod_uid
 from gpulab.informer import Handlers, Resource, Store
+from gpulab.kube import own_pod
 from gpulab.trace import ObjectRef, Tracer
 
 Obj = Mapping[str, Any]
@@ -625,6 +626,13 @@ class Framework:
             plugin.PostBind(state, pod, node)
 
     # ------------------------------------------------------------------ helpers
+
+    def trace_start(self, step: str, message: str) -> None:
+        """A start-up step of the scheduler process (a plugin's New, the informers' sync),
+        as an Event on the scheduler's own pod where its manifest names it (POD_NAME)."""
+        pod = own_pod()
+        ref = ObjectRef("Pod", pod[1], pod[0]) if pod else None
+        self.tracer.step(step, ref, message, profile=self.profile_name)
 
     def trace(
         self, step: str, pod: Obj, message: str, warning: bool = False, **detail: Any

@@ -170,6 +170,10 @@ class SchedulerInformers:
             if not inf.wait_for_sync(max(0.0, deadline - time.monotonic()))
         ]
 
+    def synced(self) -> list[str]:
+        """The resources watched, in the order their informers were added."""
+        return [r.plural for r in self._informers]
+
     def stop(self) -> None:
         for informer in self._informers.values():
             informer.stop()
@@ -448,7 +452,11 @@ class SchedulerProcess:
             _log.warning("waiting for caches to sync: %s", ", ".join(missing))
         self.ready.set()
         names = ", ".join(self.profiles)
-        self.tracer.step("Run", None, f"scheduling pods of {names}", profiles=list(self.profiles))
+        first = next(iter(self.profiles.values()))
+        first.trace_start(
+            "WaitForCacheSync",
+            f"informers synced: {', '.join(self.informers.synced())}; scheduling pods of {names}",
+        )
         threading.Thread(target=self.queue.run, args=(self.stop_event,), daemon=True).start()
         while not self.stop_event.is_set():
             try:

@@ -167,19 +167,24 @@ class PodGroupManager:
     def DeletePermittedPodGroup(self, full_name: str) -> None:
         self.permitted_pg.delete(full_name)
 
-    def ActivateSiblings(self, pod: Obj, state: CycleState) -> None:
-        """Ask the queue to move the pod's siblings to activeQ at the end of this cycle."""
+    def ActivateSiblings(self, pod: Obj, state: CycleState) -> list[str]:
+        """Ask the queue to move the pod's siblings to activeQ at the end of this cycle,
+        if this cycle's Permit wrote ``PERMIT_STATE_KEY`` into the CycleState; the names
+        of the siblings asked for."""
         permit = state.get(PERMIT_STATE_KEY)
         if not pod_group_label(pod) or not permit:
-            return
+            return []
         to_activate: PodsToActivate | None = state.get(PODS_TO_ACTIVATE_KEY)
         if to_activate is None:
-            return
+            return []
         uid = pod_uid(pod)
+        names = []
         with to_activate.lock:
             for sibling in self.siblings(pod):
                 if pod_uid(sibling) != uid:
                     to_activate.pods[pod_key(sibling)] = sibling
+                    names.append(_name(sibling))
+        return sorted(names)
 
     # ------------------------------------------------------------------ extension points
 

@@ -54,7 +54,11 @@ from gpulab.schedulerplugins.apis import (
     pod_group_label,
     wait_time,
 )
-from gpulab.schedulerplugins.coscheduling.core import PermitStatus, PodGroupManager
+from gpulab.schedulerplugins.coscheduling.core import (
+    PERMIT_STATE_KEY,
+    PermitStatus,
+    PodGroupManager,
+)
 
 NAME = "Coscheduling"
 DEFAULT_PERMIT_WAITING_TIME_SECONDS = 60
@@ -154,7 +158,15 @@ class Coscheduling:
         full = pod_group_full_name(pod)
         if result == PermitStatus.WAIT:
             _, pg = self.pg_mgr.GetPodGroup(pod)
-            self.pg_mgr.ActivateSiblings(pod, state)
+            activated = self.pg_mgr.ActivateSiblings(pod, state)
+            if activated:  # the lab's trace: the CycleState hand-over, Permit to the queue
+                self.handle.trace(
+                    "ActivateSiblings",
+                    pod,
+                    f"CycleState {PERMIT_STATE_KEY} written by this Permit (the first of "
+                    f"{full} to arrive): {len(activated)} siblings to activeQ "
+                    f"({', '.join(activated)})",
+                )
             # a group's scheduleTimeoutSeconds of 0 means permitWaitingTimeSeconds
             return Status(Code.WAIT), wait_time(pg, self.schedule_timeout) or self.schedule_timeout
         self.pg_mgr.ClearPodGroupScheduleFailure(full)
@@ -193,4 +205,11 @@ class Coscheduling:
 def new(args: Mapping[str, Any], handle: Framework) -> Coscheduling:
     plugin = Coscheduling(args, handle)
     handle.informer(PODS, on_add=plugin.pg_mgr.on_pod_add, on_delete=plugin.pg_mgr.on_pod_delete)
+    handle.trace_start(
+        "New",
+        f"{NAME}: PodGroup informer ({PODGROUPS.plural}.{PODGROUPS.group}) and pod informer "
+        "from framework.Handle, started with the scheduler's; permitWaitingTimeSeconds "
+        f"{plugin.schedule_timeout:g}, podGroupRejectPercentage "
+        f"{plugin.pg_reject_threshold * 100:g}",
+    )
     return plugin

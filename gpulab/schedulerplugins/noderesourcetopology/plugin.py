@@ -47,6 +47,7 @@ from gpulab.schedulerplugins.noderesourcetopology.numaresources import (
     create_numa_node_list,
     ignored_zones,
     include_non_native,
+    pod_effective_request,
     topology_manager_of,
 )
 from gpulab.trace import ObjectRef
@@ -158,10 +159,45 @@ class TopologyMatch:
             return 0, SUCCESS
         strategy = score.FUNCTIONS[self.strategy]
         if conf.scope == POD_SCOPE:
-            return score.pod_scope_score(pod, numa_nodes, strategy, self.weights), SUCCESS
-        if conf.scope == CONTAINER_SCOPE:
-            return score.container_scope_score(pod, numa_nodes, strategy, self.weights), SUCCESS
-        return 0, error(f"unknown topology manager scope {conf.scope!r}")
+            result = score.pod_scope_score(pod, numa_nodes, strategy, self.weights)
+        elif conf.scope == CONTAINER_SCOPE:
+            result = score.container_scope_score(pod, numa_nodes, strategy, self.weights)
+        else:
+            return 0, error(f"unknown topology manager scope {conf.scope!r}")
+        self._trace_score(pod, node.name, nrt, numa_nodes, strategy, result)
+        return result, SUCCESS
+
+    def _trace_score(
+        self,
+        pod: Obj,
+        node: str,
+        nrt: Obj,
+        numa_nodes: list[Any],
+        strategy: score.Strategy,
+        result: int,
+    ) -> None:
+        """The lab's trace of one node's Score (upstream logs it at -v=6): the zones read
+        from the node's NRT (what is available of what the pod asks), each zone's score
+        for the pod's request, the node's score."""
+        request = pod_effective_request(pod)
+        zones = "; ".join(
+            f"{z['name']} "
+            + ", ".join(
+                f"{r['name'].removeprefix('nvidia.com/')} {_short(r['name'], r['available'])}"
+                for r in z.get("resources") or []
+                if r["name"] in request
+            )
+            for z in nrt.get("zones") or []
+        )
+        per_zone = score.numa_scores(request, numa_nodes, strategy, self.weights)
+        zone_scores = ", ".join(f"node-{numa} {s}" for numa, s in sorted(per_zone.items()))
+        self.handle.trace(
+            "Score",
+            pod,
+            f"{NAME} on {node}: NRT {node} zones available ({zones}); {self.strategy} per "
+            f"zone {zone_scores}: the lowest non-zero -> {result}/{MAX_NODE_SCORE}",
+            node=node,
+        )
 
     # ------------------------------------------------------------------ Reserve / PostBind
 
@@ -184,3 +220,10 @@ class TopologyMatch:
 
 def new(args: Mapping[str, Any], handle: Framework) -> TopologyMatch:
     return TopologyMatch(args, handle)
+
+
+def _short(resource: str, quantity: str) -> str:
+    """A zone's quantity as a reader takes it in: memory in GiB, the rest as published."""
+    if resource == "memory" and quantity.isdigit():
+        return f"{int(quantity) / 2**30:g}Gi"
+    return quantity

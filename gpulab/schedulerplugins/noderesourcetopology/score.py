@@ -97,13 +97,19 @@ FUNCTIONS: dict[str, Strategy] = {
 }
 
 
+def numa_scores(
+    requested: Mapping[str, Decimal], numa_nodes: list[NUMANode], fn: Strategy, weights: Weights
+) -> dict[int, int]:
+    """Each NUMA node's score for ``requested`` (by NUMA id)."""
+    return {numa.id: fn(requested, numa.resources, weights) for numa in numa_nodes}
+
+
 def score_for_each_numa_node(
     requested: Mapping[str, Decimal], numa_nodes: list[NUMANode], fn: Strategy, weights: Weights
 ) -> int:
     """The lowest non-zero NUMA score (a zero NUMA node would not be picked by kubelet)."""
     lowest = 0
-    for numa in numa_nodes:
-        s = fn(requested, numa.resources, weights)
+    for s in numa_scores(requested, numa_nodes, fn, weights).values():
         if lowest == 0 or (s != 0 and s < lowest):
             lowest = s
     return lowest
