@@ -10,8 +10,11 @@ and the previous configuration kept), starts the cache and calls ``runOnce`` eve
 microseconds``).
 
 The call-chain trace (a lab addition): a session that decided something is narrated as
-JSON lines - ``OpenSession`` (jobs, nodes, queues), one line per action summarising its
-decisions, ``CloseSession`` (how long it took) - and each decision is an Event on the
+JSON lines - ``OpenSession`` (jobs, nodes, queues), ``OnSessionOpen`` (what gang and
+proportion set up: a JobInfo per PodGroup with its minAvailable, each queue's deserved
+share by weight), one line per action summarising its
+decisions (allocate's first: the ``predicates`` per node and the ``nodeorder`` scores for
+each job's first task), ``CloseSession`` (how long it took) - and each decision is an Event on the
 PodGroup concerned (``Enqueue``, ``Allocate``, ``Reclaim`` ...). A session that only
 repeats the previous one (a gang that still does not fit) is not narrated again.
 
@@ -24,7 +27,6 @@ reported as a Warning Event ``LoadSchedulerConf`` on the scheduler's own Pod
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from gpulab.kube import own_pod
 from gpulab.trace import ObjectRef, Tracer
 from gpulab.volcano.scheduler import conf
 from gpulab.volcano.scheduler.actions import ACTIONS
@@ -42,6 +45,8 @@ from gpulab.volcano.scheduler.framework.framework import close_session, open_ses
 from gpulab.volcano.scheduler.framework.interface import Cache, ClusterInfo
 from gpulab.volcano.scheduler.framework.session import Record, Session
 from gpulab.volcano.scheduler.plugins import PLUGINS
+
+GPU = "nvidia.com/gpu"
 
 _log = logging.getLogger(__name__)
 
@@ -108,7 +113,7 @@ class Scheduler:
         self.conf = load(conf.DEFAULT_SCHEDULER_CONF)
         self._conf_text: str | None = None
         self._lock = threading.Lock()
-        self._narrated: dict[tuple[str, str], str] = {}
+        self._narrated: dict[tuple[str, str | None, str], str] = {}
         self.sessions = 0
         self.last_session_seconds = 0.0
         self.on_session: Callable[[Session, float], None] | None = None
@@ -144,8 +149,8 @@ class Scheduler:
     def _reject(self, why: str) -> None:
         message = f"{why}; keeping the previous configuration"
         _log.error("%s", message)
-        pod, ns = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
-        ref = ObjectRef("Pod", pod, ns) if pod and ns else None
+        pod = own_pod()
+        ref = ObjectRef("Pod", pod[1], pod[0]) if pod else None
         self.tracer.step("LoadSchedulerConf", ref, message, warning=True)
 
     def watch_scheduler_conf(self, stop: threading.Event, interval: float = 1.0) -> None:
@@ -175,6 +180,7 @@ class Scheduler:
             cfg = self.conf
         started = time.monotonic()
         ssn = open_session(self.cache, self.cache.snapshot(), cfg)
+        opened = on_session_open_line(ssn)  # before OnSessionClose drops the plugins' state
         for name in cfg.actions:
             action_started = time.monotonic()
             ACTIONS[name]().execute(ssn)
@@ -185,7 +191,7 @@ class Scheduler:
         self.metrics.e2e.observe(seconds * 1000)
         self.sessions += 1
         self.last_session_seconds = seconds
-        self.narrate(ssn, cfg, seconds)
+        self.narrate(ssn, cfg, seconds, opened)
         if self.on_session is not None:
             self.on_session(ssn, seconds)
         return ssn
@@ -196,13 +202,15 @@ class Scheduler:
         """Records not told already: all loud ones, quiet ones whose text changed."""
         news = []
         for r in records:
-            key = (r.action, r.job)
+            key = (r.action, r.step, r.job)
             if not r.quiet or self._narrated.get(key) != r.message:
                 news.append(r)
             self._narrated[key] = r.message
         return news
 
-    def narrate(self, ssn: Session, cfg: conf.SchedulerConfiguration, seconds: float) -> None:
+    def narrate(
+        self, ssn: Session, cfg: conf.SchedulerConfiguration, seconds: float, opened: str = ""
+    ) -> None:
         news = self._news(ssn.records)
         if not news:
             return
@@ -216,13 +224,20 @@ class Scheduler:
             f"nodes; OnSessionOpen of {', '.join(cfg.plugin_names())}",
             session=ssn.uid,
         )
+        if opened:
+            self.tracer.step("OnSessionOpen", None, opened, session=ssn.uid)
         for action in cfg.actions:
             mine = [r for r in news if r.action == action]
-            if not mine:
+            # the plugins' verdicts inside the action first, one line each, then its decisions
+            for step in dict.fromkeys(r.step for r in mine if r.step):
+                said = "; ".join(f"{r.job}: {r.message}" for r in mine if r.step == step)
+                self.tracer.step(step, None, f"{action}: {said}", session=ssn.uid)
+            decisions = [r for r in mine if r.step is None]
+            if not decisions:
                 continue
-            summary = "; ".join(f"{r.job}: {r.message}" for r in mine)
+            summary = "; ".join(f"{r.job}: {r.message}" for r in decisions)
             self.tracer.step(action, None, summary, session=ssn.uid)
-            for r in mine:
+            for r in decisions:
                 if not r.quiet:  # a repeat-prone non-decision stays in the log line
                     self._event(ssn, r)
         self.tracer.step(
@@ -239,3 +254,22 @@ class Scheduler:
             return
         step = STEP_OF.get(record.action, record.action)
         self.tracer.step(step, pod_group_ref(job), record.message, session=ssn.uid)
+
+
+def on_session_open_line(ssn: Session) -> str:
+    """What the gang and proportion plugins' OnSessionOpen set up, for the trace: a JobInfo
+    per PodGroup (its minAvailable), each busy queue's deserved share (dealt by weight)."""
+    jobs = sorted(ssn.jobs.values(), key=lambda j: j.name)
+    parts = [
+        "gang: JobInfo per PodGroup, minAvailable "
+        + (", ".join(f"{j.name} {j.min_available}" for j in jobs) or "-")
+    ]
+    proportion = ssn.plugins.get("proportion")
+    attrs = getattr(proportion, "queue_opts", {})
+    if attrs:
+        deserved = ", ".join(
+            f"{a.name} (weight {a.weight}) {a.deserved.get(GPU) / 1000:g} GPUs"
+            for a in sorted(attrs.values(), key=lambda a: a.name)
+        )
+        parts.append(f"proportion: deserved {deserved}")
+    return "; ".join(parts)

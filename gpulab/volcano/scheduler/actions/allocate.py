@@ -60,6 +60,10 @@ class _Tally:
     bound: dict[str, int] = field(default_factory=dict)
     pipelined: dict[str, int] = field(default_factory=dict)
     discarded: int | None = None  # tasks it could place before the Statement was discarded
+    # the plugins' verdicts on the job's first task this session: predicates per node,
+    # then nodeorder's scores per node (what a learner would set a breakpoint for)
+    predicates: str | None = None
+    nodeorder: str | None = None
 
 
 def insufficient(task: TaskInfo, node: NodeInfo) -> None:
@@ -155,12 +159,15 @@ class Allocate:
                     continue
                 break
             fit, errors = helper.predicate_nodes(task, nodes, self.predicate, self.error_cache)
+            tally = self._tally(job)
+            if tally.predicates is None:
+                tally.predicates = predicate_line(task, nodes, fit, errors)
             if not fit:
                 job.nodes_fit_errors[task.uid] = errors
                 if job.need_continue_allocating():
                     continue
                 break
-            best = self.prioritize_nodes(task, fit)
+            best = self.prioritize_nodes(task, fit, tally)
             if best is None:
                 continue
             self.allocate_resources_for_task(stmt, task, best, job)
@@ -172,9 +179,12 @@ class Allocate:
         stmt.discard()
         return None
 
-    def prioritize_nodes(self, task: TaskInfo, fit: list[NodeInfo]) -> NodeInfo | None:
+    def prioritize_nodes(
+        self, task: TaskInfo, fit: list[NodeInfo], tally: _Tally
+    ) -> NodeInfo | None:
         """Nodes where the task fits Idle first; only if none, those where it fits
-        FutureIdle (resources being released)."""
+        FutureIdle (resources being released). ``tally`` keeps the first scores for the
+        trace."""
         idle: list[NodeInfo] = []
         future: list[NodeInfo] = []
         for n in fit:
@@ -184,12 +194,16 @@ class Allocate:
                 future.append(n)
         for group in (idle, future):
             if len(group) == 1:
+                if tally.nodeorder is None:
+                    tally.nodeorder = f"{task.name}: only {group[0].name} left, not scored"
                 return group[0]
             if group:
                 scores = prioritize_nodes(
                     task, group, self.ssn.batch_node_order_fn, self.ssn.node_order_fn
                 )
                 best, _ = select_best_node(scores)
+                if tally.nodeorder is None and best is not None:
+                    tally.nodeorder = nodeorder_line(task, scores, best)
                 if best is not None:
                     return best
         return None
@@ -210,6 +224,12 @@ class Allocate:
     def _record(self) -> None:
         for uid, t in self.tally.items():
             job = self.ssn.jobs[uid]
+            # quiet: a gang that still does not fit meets the same verdicts every session
+            quiet = not t.bound and not t.pipelined
+            if t.predicates is not None:
+                self.ssn.record(NAME, uid, t.predicates, quiet=quiet, step="predicates")
+            if t.nodeorder is not None:
+                self.ssn.record(NAME, uid, t.nodeorder, quiet=quiet, step="nodeorder")
             if t.bound:
                 n = sum(t.bound.values())
                 where = ", ".join(f"{node} ({k})" for node, k in sorted(t.bound.items()))
@@ -235,3 +255,26 @@ class Allocate:
                     f"{job.min_available} placeable), Statement discarded",
                     quiet=True,
                 )
+
+
+def predicate_line(
+    task: TaskInfo, nodes: list[NodeInfo], fit: list[NodeInfo], errors: FitErrors
+) -> str:
+    """The predicates' verdict per node for ``task``: passed, or the first reason."""
+    passed = {n.name for n in fit}
+    verdicts = []
+    for node in nodes:
+        if node.name in passed:
+            verdicts.append(f"{node.name} passed")
+        elif (fe := errors.nodes.get(node.name)) is not None:
+            verdicts.append(f"{node.name} {'; '.join(fe.reasons()) or 'failed'}")
+    return f"{task.name}: " + ", ".join(verdicts or ["no node checked"])
+
+
+def nodeorder_line(task: TaskInfo, scores: dict[float, list[NodeInfo]], best: NodeInfo) -> str:
+    """The node-order plugins' total per node for ``task`` and the node taken; equal
+    totals are broken by name (the lab's SelectBestNodeAndScore)."""
+    ranked = sorted(((s, n.name) for s, nodes in scores.items() for n in nodes), reverse=True)
+    totals = ", ".join(f"{name}={score:g}" for score, name in ranked)
+    tie = len(scores[max(scores)]) > 1
+    return f"{task.name}: {totals} -> {best.name}" + (" (a tie, broken by name)" if tie else "")

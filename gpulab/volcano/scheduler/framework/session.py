@@ -64,6 +64,9 @@ class Record:
     job: str
     message: str
     quiet: bool = False
+    # a plugin's verdict inside the action (allocate's "predicates", "nodeorder"), told on
+    # a line of its own before the action's decision; None: the action's decision itself
+    step: str | None = None
 
 
 @dataclass
@@ -100,8 +103,10 @@ class Session:
         """GetArgOfActionFromConf."""
         return self.configurations.get(action, Arguments())
 
-    def record(self, action: str, job: str, message: str, quiet: bool = False) -> None:
-        self.records.append(Record(action, job, message, quiet))
+    def record(
+        self, action: str, job: str, message: str, quiet: bool = False, step: str | None = None
+    ) -> None:
+        self.records.append(Record(action, job, message, quiet, step))
 
     # ---------------------------------------------------------------- registration
 
