@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from gpulab.gpuoperator import api, controls, nodelabels, render, states
 from gpulab.informer import NODES, Handlers, Informer, ListWatch, Obj, Resource, Store, key_of
+from gpulab.kube import own_pod
 from gpulab.probes import GetOnly
 from gpulab.trace import ObjectRef, Tracer
 from gpulab.wait import retry_call
@@ -512,10 +513,19 @@ def run(
     start_http_server(port, host, registry=metrics.registry)
     mgr = Manager(api_client, namespace)
     probes = serve_probes(probe_address, mgr.synced)
+    # main's steps, as Events on the operator's own pod (where the manifest names it)
+    pod = own_pod()
+    me = ObjectRef("Pod", pod[1], pod[0]) if pod else None
+    tracer.step("NewManager", me, f"ctrl.NewManager: cache scoped to namespace {namespace}; "
+                f"metrics on {metrics_address}, probes on {probe_address}")  # fmt: skip
     NewClusterPolicyReconciler(api_client, namespace, image, tracer, metrics).SetupWithManager(mgr)
     NodeLabelingReconciler(api_client, tracer).SetupWithManager(mgr)
+    tracer.step("SetupWithManager", me, "ClusterPolicyReconciler and NodeLabelingReconciler: "
+                f"watches on {', '.join(mgr.informers)}")  # fmt: skip
     try:
         mgr.start()
+        tracer.step("Start", me, f"mgr.Start: {len(mgr.informers)} caches synced, the "
+                    "controllers' workers started: Reconcile runs from now on")  # fmt: skip
         _log.info("gpu-operator: caches synced, controllers started in namespace %s", namespace)
         stop.wait()
     finally:
