@@ -123,7 +123,8 @@ class GangDeadlockLab:
         return [
             Case(
                 "coscheduling",
-                "train-a's and train-b's 8 workers stay Pending; the 8 GPUs stay free",
+                "train-a's and train-b's 8 workers stay Pending; no pod is bound to the "
+                "lab's 8 GPUs, yet neither job starts",
                 ("podgroup", f"{NS}/train-a"),
                 "coscheduling",
                 FIX,

@@ -211,9 +211,11 @@ class MigLab:
             create(api, deployment(app, NS, 1, resource=RESOURCE, node_selector={POOL_LABEL: pool}))
         for app in (APP, APP_B):
             wait_pending_reason(api, NS, app)
+        # the symptoms only: the label's value and which plugin serves NODE_B are for the
+        # attendees to find (cases() says what they see)
         progress(
-            f"lab {NAME}: {NODE} labelled {nl.MIG_CONFIG_LABEL}={TYPO}; {NODE_B} repartitioned "
-            f"to {CONFIG} under its standalone device plugin; deploy/{APP}, deploy/{APP_B}"
+            f"lab {NAME}: {NODE} and {NODE_B} were given a {nl.MIG_CONFIG_LABEL}; "
+            f"deploy/{APP}, deploy/{APP_B} in {NS}"
         )
 
     def cases(self, api: client.ApiClient) -> list[Case]:
@@ -306,7 +308,7 @@ def _standalone_fresh(api: client.ApiClient, progress: Progress) -> None:
     except ApiException as exc:
         if exc.status != 404:
             raise
-        progress(f"deploy the device-plugin chapter's DaemonSet on {NODE_B} ({STANDALONE})")
+        progress(f"prepare {NODE_B}'s device plugin")
         for doc in standalone_plugin():
             try:
                 create(api, doc)
@@ -315,7 +317,7 @@ def _standalone_fresh(api: client.ApiClient, progress: Progress) -> None:
                     raise
         return
     if CLIENT_LABEL in (ds.spec.template.spec.node_selector or {}):
-        progress(f"remove {CLIENT_LABEL} from {STANDALONE}'s nodeSelector")
+        progress(f"reset {NODE_B}'s device plugin")
         unselect = {"spec": {"template": {"spec": {"nodeSelector": {CLIENT_LABEL: None}}}}}
         apps.patch_namespaced_daemon_set(STANDALONE, SYSTEM_NAMESPACE, unselect)
     client.CoreV1Api(api).delete_collection_namespaced_pod(
