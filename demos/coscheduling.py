@@ -24,6 +24,8 @@ Every step is read back from the Events gpulab-scheduler writes as it executes i
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime as dt
 import threading
 import time
 from pathlib import Path
@@ -37,15 +39,16 @@ from demos.common import (
     LiveTrace,
     chapter,
     console,
-    ensure_cluster,
+    ensure_backend,
     fresh_namespace,
     ok,
     say,
 )
-from gpulab import informer
+from gpulab import informer, trace
 from gpulab.framework.objects import GPU, make_pod, manifest
 from gpulab.schedulerplugins import apis
-from gpulab.wait import wait_for
+from gpulab.wait import WaitTimeout, wait_for
+from harness.backends import SYSTEM_NAMESPACE, Backend
 
 NAMESPACE = "demo-coscheduling"
 SPEC = "scheduling"
@@ -146,6 +149,57 @@ def hints(api: client.ApiClient, event: str) -> dict[str, list[str]]:
     }
 
 
+def told(live: LiveTrace, step: str, pods: list[str], text: str = "") -> None:
+    """Wait until the trace has ``step`` (with ``text`` in its note) for each of ``pods``:
+    the scheduler posts its Events in the background, and a tick must not precede the
+    steps it sums up."""
+    wait_for(
+        lambda: all(
+            any(
+                ev.step == step and ev.regarding == f"Pod {NAMESPACE}/{pod}" and text in ev.note
+                for ev in list(live.seen)
+            )
+            for pod in pods
+        ),
+        30,
+        f"{step} of {', '.join(pods)} in the trace",
+    )
+
+
+# a PodGroup change requeueing a pod Coscheduling rejected, as the QueueingHint steps say it
+PODGROUP_EVENT = (
+    f"{apis.PODGROUPS.plural}.{apis.PODGROUPS.version}.{apis.GROUP}Update: Coscheduling says Queue"
+)
+SETTLE = 10  # seconds a freed gang takes to bind when a freeing event woke one of its pods
+
+
+def wake_if_stuck(api: client.ApiClient, group: str) -> None:
+    """Wait for ``group``'s four workers to bind now that their GPUs are free. If every
+    one of them was last rejected by Coscheduling (its Permit timeout, a rejection in
+    Unreserve or PostFilter), a pod's deletion is no event Coscheduling registered: they
+    would sit in unschedulablePods until podMaxInUnschedulablePodsDuration (5 min). A
+    PodGroup update is one, so the demo says so and makes one (upstream behaves the same)."""
+    try:
+        wait_for(lambda: len(bound(api, group)) == 4, SETTLE, f"{group}'s workers bound")
+        return
+    except WaitTimeout:
+        pass
+    say(
+        f"no worker of {group} moved: Coscheduling rejected them all last, and a pod's "
+        "deletion is no event it registered (they would wait up to 5 min, "
+        f"podMaxInUnschedulablePodsDuration). A PodGroup update is: annotate PodGroup {group}"
+    )
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        apis.GROUP,
+        apis.VERSION,
+        NAMESPACE,
+        apis.PODGROUPS.plural,
+        group,
+        {"metadata": {"annotations": {"demo.gpulab.io/nudge": str(time.time())}}},
+    )
+    wait_for(lambda: len(bound(api, group)) == 4, 60, f"{group}'s workers bound")
+
+
 def clear(api: client.ApiClient) -> None:
     core = client.CoreV1Api(api)
     core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
@@ -159,7 +213,7 @@ def group_phase(api: client.ApiClient, name: str) -> str:
     return str((pg.get("status") or {}).get("phase") or "-")
 
 
-def all_or_nothing(api: client.ApiClient, nominations: Nominations) -> None:
+def all_or_nothing(api: client.ApiClient, nominations: Nominations, live: SchedulerTrace) -> None:
     console.rule("1. four workers, room for three")
     say("pod blocker (default-scheduler) takes 2 of gpu-t4-0's 4 GPUs: 6 free, 8 needed")
     create(
@@ -178,7 +232,13 @@ def all_or_nothing(api: client.ApiClient, nominations: Nominations) -> None:
     for i in range(4):
         create(api, worker("train", i))
     wait_for(lambda: len(waiting_at_permit(api, names)) >= 3, 30, "3 workers waiting at Permit")
+    told(live, "Permit", waiting_at_permit(api, names), "Wait")
     ok("3 workers passed Filter and Reserve and wait at Permit, holding 6 GPUs; nothing bound")
+    say(
+        "(the chapter gives Coscheduling a Filter and a Reserve that reserves for the group: "
+        "v0.35's has no Filter and its Reserve does nothing - the Filter lines are the other "
+        "plugins', Reserve is the scheduler's assume; Permit holds the group)"
+    )
     if bound(api, "train"):
         raise DemoFailed(f"workers bound before the group was complete: {bound(api, 'train')}")
     waiting = waiting_at_permit(api, names)
@@ -207,6 +267,7 @@ def all_or_nothing(api: client.ApiClient, nominations: Nominations) -> None:
     allocated = [n for n in notes(api, "Allocate") if n.startswith("train")]
     if bound(api, "train") or allocated:
         raise DemoFailed("a worker was bound or allocated GPUs although the group timed out")
+    told(live, "WaitOnPermit", waiting, "Coscheduling")
     ok("all waiting workers rejected together (Unreserve): no pod bound, no GPU allocated")
     cleared = wait_for(
         lambda: all("" in nominations.of(n)[1:] for n in waiting) and waiting,
@@ -225,6 +286,7 @@ def all_or_nothing(api: client.ApiClient, nominations: Nominations) -> None:
         "(the QueueingHint steps are a lab convenience, gpulab trace Events: kube-scheduler "
         "logs this decision only at -v=5)"
     )
+    live.hints = ("NodeUpdateNodeLabel",)
     core = client.CoreV1Api(api)
     core.patch_node(node, {"metadata": {"labels": {label: "yes"}}})
     try:
@@ -239,18 +301,20 @@ def all_or_nothing(api: client.ApiClient, nominations: Nominations) -> None:
         )
     finally:
         core.patch_node(node, {"metadata": {"labels": {label: None}}})
-    pod, msgs = sorted(skipped.items())[0]
-    if any("moved to" in m for m in msgs):
-        raise DemoFailed(f"the label change requeued {pod}: {msgs}")
+    for pod, msgs in skipped.items():
+        if any("moved to" in m for m in msgs):
+            raise DemoFailed(f"the label change requeued {pod}: {msgs}")
+    pod, msgs = min(skipped.items(), key=lambda kv: ("stays in" not in kv[1][0], kv[0]))
     ok(f"QueueingHint for {pod}: {msgs[0]}")
 
     say(
         "delete blocker: now the whole group fits. Its deletion is an AssignedPodDelete: "
-        "NodeResourcesFit's hint says Queue for the worker it rejected, whose Permit then "
-        "activates its siblings (ForceActivate)"
+        "NodeResourcesFit's hint says Queue for a worker it rejected (if one is), whose "
+        "Permit then activates its siblings (ForceActivate)"
     )
+    live.hints = ("AssignedPodDelete", "ForceActivate", PODGROUP_EVENT)
     client.CoreV1Api(api).delete_namespaced_pod("blocker", NAMESPACE, grace_period_seconds=0)
-    wait_for(lambda: len(bound(api, "train")) == 4, 60, "all four workers bound")
+    wake_if_stuck(api, "train")
 
     def scheduled_times() -> list[Any]:
         return [
@@ -263,15 +327,18 @@ def all_or_nothing(api: client.ApiClient, nominations: Nominations) -> None:
     times = wait_for(lambda: len(t := scheduled_times()) == 4 and t, 30, "4 Scheduled Events")
     spread = (max(times) - min(times)).total_seconds()
     placement = bound(api, "train")
+    told(live, "Bind", sorted(placement))
     ok(f"all 4 workers bound within {spread:.1f}s of each other: {placement}")
     wait_for(lambda: group_phase(api, "train") == "Running", 30, "PodGroup train Running")
     ok("the PodGroup controller reports phase Running")
+    say("delete train's pods for the next story (its PodGroup goes back to Pending)")
     clear(api)
 
 
-def deadlock(api: client.ApiClient) -> str:
+def deadlock(api: client.ApiClient, live: SchedulerTrace) -> str:
     """The two-gang story; returns the gang bound last (it stays bound)."""
     console.rule("2. two gangs that fit only one at a time")
+    live.hints = (PODGROUP_EVENT,)  # only a nudge of a stuck gang's PodGroup
     say("jobs x and y, 4 workers x 2 GPUs each, submitted interleaved, to the default scheduler")
     for i in range(4):
         create(api, worker("x", i, "default-scheduler"))
@@ -281,7 +348,9 @@ def deadlock(api: client.ApiClient) -> str:
     x, y = (sum(1 for n in held if n.startswith(g)) for g in ("x", "y"))
     if (x, y) != (2, 2):
         raise DemoFailed(f"expected the default scheduler to split the nodes 2+2, got {x}+{y}")
+    told(live, "Scheduled", sorted(held))
     ok(f"deadlock: x holds {x} of 4 workers, y {y} of 4 - neither can ever start")
+    say("delete x and y (the default scheduler hands each freed GPU to a waiting worker)")
     clear(api)
 
     say("the same two jobs as PodGroups a and b for gpulab-scheduler, still interleaved")
@@ -303,12 +372,18 @@ def deadlock(api: client.ApiClient) -> str:
     failed = notes(api, "FailedScheduling")
     if bound(api, second) or not any(n.startswith(f"{second}-") for n in failed):
         raise DemoFailed(f"gang {second} should wait whole: bound {bound(api, second)}")
+    told(live, "Bind", [f"{first}-{i}" for i in range(4)])
     ok(f"gang {first} bound whole, gang {second} holds nothing (its workers wait together)")
     say(f"gang {first} finishes (its pods are deleted)")
-    core = client.CoreV1Api(api)
-    for i in range(4):
-        core.delete_namespaced_pod(f"{first}-{i}", NAMESPACE, grace_period_seconds=0)
-    wait_for(lambda: len(bound(api, second)) == 4, 60, f"gang {second} bound whole")
+    # all four in one request: a gang freed a pod at a time can let the other gang's
+    # first members wait at Permit and time out after the last freeing event, and a group
+    # Coscheduling rejected waits for an event it registered (Pod/Add, PodGroup
+    # Add/Update) - up to podMaxInUnschedulablePodsDuration (5 min) if none comes
+    client.CoreV1Api(api).delete_collection_namespaced_pod(
+        NAMESPACE, label_selector=f"{apis.POD_GROUP_LABEL}={first}", grace_period_seconds=0
+    )
+    wake_if_stuck(api, second)
+    told(live, "Bind", [f"{second}-{i}" for i in range(4)])
     ok(f"gang {second} bound whole once {first} was gone: one after the other, never half-half")
     return second
 
@@ -331,10 +406,43 @@ def summary(api: client.ApiClient) -> None:
     console.print(table)
 
 
+@dataclasses.dataclass
+class SchedulerTrace(LiveTrace):
+    """The namespace's story, plus gpulab-scheduler's start-up steps (Events on its own
+    pod in gpulab-system: each plugin's New, the informers' sync). QueueingHint steps are
+    shown only for the cluster events a scene is about (``hints``): the scheduler records
+    one for every event and every waiting pod, a wall that buries the story."""
+
+    hints: tuple[str, ...] = ()  # the ClusterEvent labels whose QueueingHint steps to show
+
+    def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
+        if ev.step == "QueueingHint" and not ev.note.startswith(self.hints or ("-",)):
+            return False
+        if namespace == SYSTEM_NAMESPACE:
+            return (
+                ev.component == SCHEDULER
+                and ev.regarding.startswith(f"Pod {SYSTEM_NAMESPACE}/{SCHEDULER}-")
+                and ev.time >= self._since - dt.timedelta(seconds=2)
+            )
+        return super()._wanted(ev, namespace)
+
+
+def restart_scheduler(backend: Backend, live: SchedulerTrace) -> None:
+    say(
+        f"restart {SCHEDULER} (kubectl rollout restart) to see it start: each plugin's New "
+        "(Coscheduling takes its PodGroup informer from framework.Handle), then the "
+        "informers sync before the first pod is scheduled"
+    )
+    backend.restart(SCHEDULER)
+    live.expect({"New", "WaitForCacheSync"}, timeout=30)
+    ok(f"{SCHEDULER} runs: informers synced, Coscheduling's PodGroup informer among them")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.spec == "default":
         args = argparse.Namespace(**{**vars(args), "spec": SPEC})
-    api, _ = ensure_cluster(args, addons=("scheduling",))
+    backend, _ = ensure_backend(args, addons=("scheduling",))
+    api = backend.api()
     chapter(
         "Scheduling framework - Coscheduling (gang scheduling)",
         "gpulab-scheduler is kube-scheduler's framework with scheduler-plugins' Coscheduling:\n"
@@ -343,9 +451,13 @@ def run(args: argparse.Namespace) -> int:
         "timeout passes, so no job holds half the GPUs it needs.",
     )
     fresh_namespace(api, NAMESPACE)
-    with LiveTrace(api, NAMESPACE) as live, Nominations(api) as nominations:
-        all_or_nothing(api, nominations)
-        last = deadlock(api)
+    with (
+        SchedulerTrace(api, NAMESPACE, also=(SYSTEM_NAMESPACE,)) as live,
+        Nominations(api) as nominations,
+    ):
+        restart_scheduler(backend, live)
+        all_or_nothing(api, nominations, live)
+        last = deadlock(api, live)
         live.expect(
             {"PreFilter", "Filter", "Reserve", "Permit", "WaitOnPermit", "Bind", "QueueingHint"}
         )

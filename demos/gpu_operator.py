@@ -224,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     )
     reset(api, gpu_nodes)
     with OperatorTrace(api, NAMESPACE, also=("default",), nodes=tuple(gpu_nodes)) as live:
+        _start(backend, live)
         _before(core, spec)
         policy = _create_policy(api, core, spec, live)
         _metrics(backend)
@@ -237,6 +238,16 @@ def run(args: argparse.Namespace) -> int:
 
         live.write_diagram(Path(diagram))
     return 0
+
+
+def _start(backend: Backend, live: OperatorTrace) -> None:
+    """The operator's main, on screen: its pod restarted (a rollout restart would do the
+    same), it builds the manager, sets up both controllers and starts them."""
+    say("restart the gpu-operator pod, to see main: ctrl.NewManager -> "
+        "NewClusterPolicyReconciler(mgr).SetupWithManager(mgr) -> mgr.Start")  # fmt: skip
+    backend.restart("gpu-operator", namespace=NAMESPACE)
+    live.expect({"NewManager", "SetupWithManager", "Start"}, timeout=30)
+    ok("the operator's caches synced and its controllers run; nothing to reconcile yet")
 
 
 def _before(core: client.CoreV1Api, spec: ClusterSpec) -> None:

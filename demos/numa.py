@@ -10,13 +10,18 @@ The GPU nodes run kubelet's single-numa-node policy. A Guaranteed pod asking for
 12 CPUs and 16Gi fits every GPU node by count, but one NUMA node holds it only on
 gpu-a100 (gpu-t4-*: 2 GPUs per NUMA node; gpu-h100: 8 CPUs per NUMA node). The Filter
 table per node and zone is drawn with the plugin's own functions from the NRT objects,
-next to the scheduler's verdict recorded on the pod. Without the plugin, the default
-scheduler sends the same pod to a T4 node, and the kubelet side rejects it.
+next to the scheduler's verdict recorded on the pod. The topology updater then publishes
+the zone as taken (the plugin's informer cache gets it). A smaller pod (2 GPUs, 4 CPUs)
+fits a NUMA zone on several nodes: the plugin's Score reads each node's zones and scores
+them (LeastAllocated), and the scheduler adds the plugins' scores. Without the plugin,
+the default scheduler sends the big pod to a T4 node, and the kubelet side rejects it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ from demos.common import (
     ok,
     say,
 )
+from gpulab import trace
 from gpulab.fakegpu import profiles
 from gpulab.framework.objects import GPU, make_pod, manifest
 from gpulab.framework.plugins.defaultbinder import FILTER_RESULT
@@ -53,12 +59,24 @@ SPEC = "scheduling"
 SCHEDULER = "gpulab-scheduler"
 NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")
 WANT = {GPU: 4, "cpu": 12, "memory": "16Gi"}
+SMALL = {GPU: 2, "cpu": 4, "memory": "8Gi"}  # one NUMA zone holds it on several nodes
 
 Obj = dict[str, Any]
 
 
-def numa_pod(name: str, **kw: Any) -> Obj:
-    return make_pod(name, NAMESPACE, requests=WANT, limits=WANT, **kw)
+def numa_pod(name: str, want: Obj = WANT, **kw: Any) -> Obj:
+    return make_pod(name, NAMESPACE, requests=want, limits=want, **kw)
+
+
+@dataclasses.dataclass
+class NumaTrace(LiveTrace):
+    """The namespace's story, plus the topology updaters' NodeResourceTopology updates
+    (cluster-scoped objects: their Events are in "default")."""
+
+    def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
+        if namespace == "default" and ev.regarding.startswith("NodeResourceTopology "):
+            return ev.time >= self._since - dt.timedelta(seconds=2)
+        return super()._wanted(ev, namespace)
 
 
 def nrts(api: client.ApiClient) -> dict[str, Obj]:
@@ -140,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         "NodeResourceTopologyMatch plugin filters and scores nodes by those zones.",
     )
     fresh_namespace(api, NAMESPACE)
-    with LiveTrace(api, NAMESPACE) as live:
+    with NumaTrace(api, NAMESPACE, also=("default",)) as live:
         console.rule("the zones the scheduler sees")
         before = wait_for(lambda: nrts(api) if len(nrts(api)) >= 4 else None, 30, "4 NRTs")
         zones_table(before, "NodeResourceTopology zones before")
@@ -200,7 +218,37 @@ def run(args: argparse.Namespace) -> int:
             30,
             "the updater to publish the zone as taken",
         )
+        live.expect({"UpdateNodeResourceTopology"})  # its line before the table
         zones_table({node: nrts(api)[node]}, f"{node} after: node-{assignment.numa} is taken")
+
+        console.rule("a pod that several NUMA zones hold: Score")
+        say("create small: 2 GPUs + 4 CPUs + 8Gi (Guaranteed); one zone holds it on several nodes")
+        core.create_namespaced_pod(
+            NAMESPACE, manifest(numa_pod("small", SMALL, scheduler=SCHEDULER))
+        )
+        small = wait_for(
+            lambda: (p := core.read_namespaced_pod("small", NAMESPACE)).spec.node_name and p,
+            30,
+            "small bound",
+        )
+        scored = json.loads(small.metadata.annotations[FILTER_RESULT])
+        fits = sorted(n for n, r in scored.items() if all(v == "passed" for v in r.values()))
+        if len(fits) < 2:
+            raise DemoFailed(f"small should fit several nodes, it fits {fits}")
+        live.expect({"Score"})
+        ok(
+            f"small fits {len(fits)} nodes ({', '.join(fits)}); NodeResourceTopologyMatch "
+            f"scored each from its NRT zones, the scheduler added the plugins' scores: "
+            f"bound to {small.spec.node_name}"
+        )
+        core.delete_namespaced_pod("small", NAMESPACE, grace_period_seconds=0)  # frees its GPUs
+        wait_for(
+            lambda: (
+                "small" not in {p.metadata.name for p in core.list_namespaced_pod(NAMESPACE).items}
+            ),
+            30,
+            "small gone",
+        )
 
         console.rule("the same pod without the plugin")
         say("the default scheduler counts GPUs per node only: pin the pod to gpu-t4-0")

@@ -1,18 +1,23 @@
 """Demo `volcano`: queues share the GPUs by weight; a gang binds whole; reclaim.
 
-Volcano's call chain, read back as it happens: every second vc-scheduler opens a
-session (``OpenSession``: the snapshot, each plugin's ``OnSessionOpen``), runs its
-actions (``enqueue`` lets a PodGroup into its queue, ``allocate`` places a gang's tasks
-and commits its Statement only when the whole gang fits, ``reclaim`` evicts from a queue
-over its share) and closes it (``CloseSession``: PodGroup status and queue allocations
-written back). The session lines come from the scheduler pod's log; the Job and PodGroup
-Events from the job controller and the scheduler.
+Volcano's call chain, read back as it happens: the controller manager and vc-scheduler
+are restarted first, so their start (informers synced, controllers run; the scheduler
+loading its actions and plugins) is on screen. Then every second vc-scheduler opens a
+session (``OpenSession``: the snapshot; ``OnSessionOpen``: gang's JobInfo per PodGroup,
+proportion's deserved share per queue), runs its actions (``enqueue`` lets a PodGroup
+into its queue; ``allocate`` runs the ``predicates`` per node and ``nodeorder``'s scores,
+then commits a gang's Statement only when the whole gang fits; ``backfill`` places
+BestEffort tasks; ``reclaim`` evicts from a queue over its share) and closes it
+(``CloseSession``: PodGroup status and queue allocations written back). The session
+lines come from the scheduler pod's log; the Job and PodGroup Events from the job
+controller and the scheduler.
 
 Story, on 16 GPUs (two 8-GPU nodes): team-a (weight 1) fills them with an elastic job;
 team-b (weight 3) submits a 4-task gang that waits Inqueue until all 4 fit; reclaim takes
 team-b's share back from team-a (team-a's job restarts, as its PodEvicted policy says);
 the gang binds in one session; the shares end 1:3; a job larger than team-c's queue
-capability stays Pending with the gang message.
+capability stays Pending with the gang message; a BestEffort task (no requests), which
+allocate skips, is placed by backfill.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from rich.markup import escape
 from rich.table import Table
 
 from demos.common import (
@@ -43,11 +50,19 @@ from gpulab.volcano import apis
 from gpulab.volcano import objects as vo
 from gpulab.volcano.client import VolcanoClient, condition, gpus, phase
 from gpulab.wait import wait_for
+from harness.backends import pod_ready
 
 TEAM_A, TEAM_B, TEAM_C = "demo-volcano-a", "demo-volcano-b", "demo-volcano-c"
 QUEUE_A, QUEUE_B, QUEUE_C = "demo-team-a", "demo-team-b", "demo-team-c"
-SESSION_STEPS = ("OpenSession", "enqueue", "allocate", "backfill", "reclaim", "preempt")
-SESSION_STEPS += ("CloseSession",)
+SESSION_STEPS = ("OpenSession", "OnSessionOpen", "enqueue", "predicates", "nodeorder")
+SESSION_STEPS += ("allocate", "backfill", "reclaim", "preempt", "CloseSession")
+# the UID a vcjob's PodGroup name ends in (<job>-<uid>): its first 8 hex digits do
+POD_GROUP_UID = re.compile(r"-([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+# the components' start-up lines: the controller manager's Run, the scheduler's loadSchedulerConf
+START_STEPS = ("Run", "LoadSchedulerConf")
+# the Deployments restarted so their start is on screen (label app=<name>, as upstream's)
+VOLCANO_NS = "volcano-system"
+CONTROLLERS, SCHEDULER = "volcano-controller", "volcano-scheduler"
 RESTART_ON_EVICT = {"event": apis.POD_EVICTED_EVENT, "action": apis.RESTART_JOB}
 # Each task's CPU and memory: small, so GPUs decide the story on every backend (a kind
 # node has the host's few CPUs, not the spec's, and 4 pods of 1 CPU would not fit one)
@@ -77,6 +92,15 @@ def c_big() -> Obj:
     return vo.vcjob("c-big", [vo.task("worker", 2, gpus=4, seconds=3600, **SMALL)], queue=QUEUE_C)
 
 
+def c_probe() -> Obj:
+    """team-c's BestEffort job: one task without requests, which only backfill places."""
+    job = vo.vcjob("c-probe", [vo.task("probe", 1, gpus=0, seconds=3600)], queue=QUEUE_C)
+    for task in job["spec"]["tasks"]:
+        for container in task["template"]["spec"]["containers"]:
+            container.pop("resources", None)
+    return job
+
+
 # -- narration -----------------------------------------------------------------------------
 
 
@@ -85,8 +109,9 @@ TOLD_BY_SESSION = ("Enqueue", "Allocate", "Reclaim", "Backfill", "Unschedulable"
 
 
 class Narrator:
-    """Prints, while the story runs: the scheduler's session lines (from its pod's log),
-    each vcjob's phase changes, and the new Job / PodGroup Events not told already."""
+    """Prints, while the story runs: the controller manager's and the scheduler's lines
+    (from their pods' logs, from their start), each vcjob's phase changes, and the new Job
+    / PodGroup Events not told already."""
 
     def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...]) -> None:
         self.api = api
@@ -95,7 +120,7 @@ class Narrator:
         self.events: list[trace.TraceEvent] = []
         self._stop = threading.Event()
         self._informers: list[informer.Informer] = []
-        self._log: Any = None
+        self._logs: list[Any] = []
 
     def __enter__(self) -> Narrator:
         for ns in self.namespaces:
@@ -105,8 +130,14 @@ class Narrator:
             self._informers.append(
                 informer.Informer(lw, informer.Handlers(on_update=self._job)).start()
             )
-        threading.Thread(target=self._follow_scheduler, name="scheduler-log", daemon=True).start()
+        self.follow(CONTROLLERS, "vc-controller-manager")
         return self
+
+    def follow(self, app: str, who: str) -> None:
+        """Print ``app``'s lines from its pod's log, in a thread of their own."""
+        threading.Thread(
+            target=self._follow, args=(app, who), name=f"{app}-log", daemon=True
+        ).start()
 
     def _job(self, old: Obj, new: Obj) -> None:
         before = ((old.get("status") or {}).get("state") or {}).get("phase")
@@ -126,64 +157,83 @@ class Narrator:
         self._stop.set()
         for inf in self._informers:
             inf.stop()
-        if self._log is not None:
+        for log in self._logs:
             with contextlib.suppress(Exception):
-                self._log.release_conn()
+                log.release_conn()
 
     def _event(self, obj: Obj) -> None:
         ev = trace.to_trace_event(obj)
         self.events.append(ev)
         if not ev.regarding.startswith(("Job ", "PodGroup ")) or ev.step in TOLD_BY_SESSION:
             return  # per-pod Events and the scheduler's decisions: the session lines tell them
-        width = None if NARRATION.verbose else console.width - 4
+        width = None if NARRATION.verbose or not console.is_terminal else console.width - 4
         console.print("    " + trace.render_line(ev, width=width))
 
-    def _follow_scheduler(self) -> None:
+    def _follow(self, app: str, who: str) -> None:
+        """Print the component's call-chain lines from its pod's log, from its start."""
         core = client.CoreV1Api(self.api)
-        pods = core.list_namespaced_pod("volcano-system", label_selector="app=volcano-scheduler")
-        if not pods.items:
+        pods = core.list_namespaced_pod(VOLCANO_NS, label_selector=f"app={app}").items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+        if not live:
             return
-        self._log = core.read_namespaced_pod_log(
-            pods.items[0].metadata.name,
-            "volcano-system",
-            follow=True,
-            since_seconds=1,
-            _preload_content=False,
+        log = core.read_namespaced_pod_log(
+            live[0].metadata.name, VOLCANO_NS, follow=True, _preload_content=False
         )
-        for line in self._lines():
+        self._logs.append(log)
+        for line in _lines(log):
             if self._stop.is_set():
                 return
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if rec.get("step") in SESSION_STEPS and rec.get("object") is None:
-                message = str(rec.get("message", ""))
-                if not any(ns in message for ns in self.namespaces) and rec["step"] not in (
-                    "OpenSession",
-                    "CloseSession",
-                ):
-                    continue
-                self.steps.append((rec["step"], message))
-                colour = (
-                    "bold blue" if rec["step"] in ("OpenSession", "CloseSession") else "bold cyan"
-                )
-                console.print(
-                    f"  [magenta]vc-scheduler[/magenta] "
-                    f"[{colour}]{rec['step']:<13}[/{colour}] {message}"
-                )
-
-    def _lines(self) -> Iterator[str]:
-        pending = b""
-        with contextlib.suppress(Exception):
-            for chunk in self._log.stream(4096):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    yield line.decode(errors="replace")
+            step = rec.get("step")
+            if rec.get("object") is not None or step not in (*SESSION_STEPS, *START_STEPS):
+                continue
+            message = str(rec.get("message", ""))
+            if step not in (*START_STEPS, "OpenSession", "OnSessionOpen", "CloseSession") and (
+                not any(ns in message for ns in self.namespaces)
+            ):
+                continue
+            self.steps.append((step, message))
+            colour = "bold cyan" if step in SESSION_STEPS[2:-1] else "bold blue"
+            head = f"  [magenta]{who:<12}[/magenta] [{colour}]{step:<13}[/{colour}] "
+            if not NARRATION.verbose:  # a PodGroup's name ends in its vcjob's UID: cut it
+                message = POD_GROUP_UID.sub(r"-\1…", trace.compact(message))
+                if console.is_terminal:
+                    room = console.width - len(f"  {who:<12} {step:<13} ")
+                    message = trace.fit(message, room)
+            console.print(head + escape(message))
 
     def saw(self, step: str, text: str = "") -> bool:
         return any(s == step and text in m for s, m in self.steps)
+
+
+def _lines(log: Any) -> Iterator[str]:
+    pending = b""
+    with contextlib.suppress(Exception):
+        for chunk in log.stream(4096):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode(errors="replace")
+
+
+def _restart(api: client.ApiClient, app: str) -> None:
+    """Delete the Deployment's pod and wait for its Ready replacement (kubectl rollout
+    restart, in effect), so the component's start happens while the demo watches."""
+    core = client.CoreV1Api(api)
+    old = {
+        p.metadata.uid
+        for p in core.list_namespaced_pod(VOLCANO_NS, label_selector=f"app={app}").items
+    }
+    core.delete_collection_namespaced_pod(VOLCANO_NS, label_selector=f"app={app}")
+
+    def ready() -> bool:
+        pods = core.list_namespaced_pod(VOLCANO_NS, label_selector=f"app={app}").items
+        return any(p.metadata.uid not in old and pod_ready(p) for p in pods)
+
+    wait_for(ready, 90, f"a new Ready {app} pod")
 
 
 # -- the story -----------------------------------------------------------------------------
@@ -201,7 +251,17 @@ def run(args: argparse.Namespace) -> int:
     for ns in (TEAM_A, TEAM_B, TEAM_C):
         fresh_namespace(api, ns)
     _queues(vc)
+    say(
+        "restart the controller manager and vc-scheduler, to see them start: the controllers "
+        "sync their Job, PodGroup and Queue informers; the scheduler loads its configuration"
+    )
+    for app in (CONTROLLERS, SCHEDULER):
+        _restart(api, app)
     with Narrator(api, (TEAM_A, TEAM_B, TEAM_C)) as narrator:
+        # one log after the other: the controllers' start, then the scheduler's
+        wait_for(lambda: narrator.saw("Run"), 30, "the controller manager's Run line")
+        narrator.follow(SCHEDULER, "vc-scheduler")
+        wait_for(lambda: narrator.saw("LoadSchedulerConf"), 30, "the scheduler's first line")
         say(
             f"team-a submits a-train: 8 tasks x 2 GPUs, runs with 2 (minAvailable), queue {QUEUE_A}"
         )
@@ -221,6 +281,10 @@ def run(args: argparse.Namespace) -> int:
         wait_for(lambda: vc.bound(TEAM_B, "b-gang") == 4, 90, "b-gang's 4 pods to be bound")
         wait_for(lambda: narrator.saw("allocate", "4 task(s)"), 20, "the allocate line for b-gang")
         ok("reclaim evicted team-a's tasks over its share; b-gang's 4 pods bound in one session")
+        say(
+            "(the chapter says gang checks resources in the predicate phase; v1.15.1's gang "
+            "registers no predicate: it votes JobReady, and allocate commits the Statement)"
+        )
         wait_for(
             lambda: (
                 vc.job_phase(TEAM_A, "a-train") == apis.JOB_RUNNING
@@ -244,6 +308,12 @@ def run(args: argparse.Namespace) -> int:
         if vc.job_phase(TEAM_C, "c-big") != apis.JOB_PENDING or phase(pg) != apis.PG_PENDING:
             raise DemoFailed("c-big should stay Pending")
         ok("c-big stays Pending: its PodGroup is never let into the queue")
+
+        say(f"team-c submits c-probe: one task with no requests (BestEffort) in {QUEUE_C}")
+        vc.create_job(TEAM_C, c_probe())
+        wait_for(lambda: vc.bound(TEAM_C, "c-probe") == 1, 60, "c-probe's pod to be bound")
+        wait_for(lambda: narrator.saw("backfill", "c-probe"), 20, "the backfill line for c-probe")
+        ok("allocate skips a task without requests; backfill placed c-probe")
         _expect(narrator)
         _table(vc)
     diagram = getattr(args, "diagram", None)
@@ -257,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
         "reclaim takes back from an over-share queue"
     )
     ok("a job larger than its queue's capability stays Pending, with the gang message")
+    ok("BestEffort tasks (no requests) are left to backfill")
     say(f"look around: gpulab kubectl --spec {args.spec} get queues,vcjob,podgroups -A")
     return 0
 
@@ -322,13 +393,14 @@ def _gang_event(vc: VolcanoClient) -> bool:
     }
     if len(found) < len(wanted):
         return False
-    for w in wanted:
-        ok(f"PodGroup Event {found[w].type} {found[w].reason}: {found[w].message}")
+    for w in wanted:  # why it waits: facts, not successes
+        say(f"PodGroup Event {found[w].type} {found[w].reason}: {found[w].message}")
     return True
 
 
 def _expect(narrator: Narrator) -> None:
-    wanted = ("OpenSession", "enqueue", "allocate", "reclaim", "CloseSession")
+    wanted = ("OpenSession", "OnSessionOpen", "enqueue", "predicates", "nodeorder", "allocate")
+    wanted += ("backfill", "reclaim", "CloseSession")
     wait_for(
         lambda: all(any(s == w for s, _ in narrator.steps) for w in wanted),
         20,
