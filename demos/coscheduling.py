@@ -414,9 +414,12 @@ class SchedulerTrace(LiveTrace):
     one for every event and every waiting pod, a wall that buries the story."""
 
     hints: tuple[str, ...] = ()  # the ClusterEvent labels whose QueueingHint steps to show
+    stale: frozenset[str] = frozenset()  # the scheduler pod restarted (a cold one just started)
 
     def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
         if ev.step == "QueueingHint" and not ev.note.startswith(self.hints or ("-",)):
+            return False
+        if ev.regarding in {f"Pod {SYSTEM_NAMESPACE}/{pod}" for pod in self.stale}:
             return False
         if namespace == SYSTEM_NAMESPACE:
             return (
@@ -451,8 +454,9 @@ def run(args: argparse.Namespace) -> int:
         "timeout passes, so no job holds half the GPUs it needs.",
     )
     fresh_namespace(api, NAMESPACE)
+    stale = frozenset(p.metadata.name for p in backend.component_pods(SCHEDULER))
     with (
-        SchedulerTrace(api, NAMESPACE, also=(SYSTEM_NAMESPACE,)) as live,
+        SchedulerTrace(api, NAMESPACE, also=(SYSTEM_NAMESPACE,), stale=stale) as live,
         Nominations(api) as nominations,
     ):
         restart_scheduler(backend, live)

@@ -53,6 +53,7 @@ MIG_NODE_CONFIGMAP = node_configmap_name(MIG_NODE)
 MIG_CONFIG = "all-1g.10gb"
 BAD_MIG_CONFIG = "all-bogus"
 DEVICE_PLUGIN_DS = "nvidia-device-plugin-daemonset"
+OPERATOR = "gpu-operator"  # the operator's Deployment (label app.kubernetes.io/name)
 GPU = "nvidia.com/gpu"
 # whose steps the narration shows (the pod runner's container Events are left out)
 STORYTELLERS = {
@@ -64,10 +65,16 @@ READY_TIMEOUT = 120.0
 
 @dataclasses.dataclass
 class OperatorTrace(LiveTrace):
-    """The operator's namespace, plus its ClusterPolicy's and the GPU nodes' Events."""
+    """The operator's namespace, plus its ClusterPolicy's and the GPU nodes' Events; not
+    the Events of the pods in ``stale`` (the operator pod the demo restarts: on a cold
+    cluster its start is only seconds old)."""
+
+    stale: frozenset[str] = frozenset()
 
     def _wanted(self, ev: trace.TraceEvent, namespace: str) -> bool:
         if ev.time < self._since - dt.timedelta(seconds=2) or ev.component not in STORYTELLERS:
+            return False
+        if ev.regarding in {f"Pod {NAMESPACE}/{pod}" for pod in self.stale}:
             return False
         if namespace == self.namespace:
             return True
@@ -81,7 +88,7 @@ class OperatorTrace(LiveTrace):
         for ev in self.seen:
             if ev.step == "step" and ev.regarding == f"{cp.KIND} {policy}":
                 state, _, status = ev.note.partition(": ")
-                last[state] = status
+                last[state] = status.partition(" (")[0]  # "(DaemonSet ...: why)" left out
         table = Table(title=f"ClusterPolicy {policy}: the states of the last Reconcile")
         table.add_column("state (in upstream's order)")
         table.add_column("status")
@@ -223,7 +230,10 @@ def run(args: argparse.Namespace) -> int:
         "pods - there is no kernel module: the driver renders the node's NVML shim.)",
     )
     reset(api, gpu_nodes)
-    with OperatorTrace(api, NAMESPACE, also=("default",), nodes=tuple(gpu_nodes)) as live:
+    stale = frozenset(p.metadata.name for p in backend.component_pods(OPERATOR, None, NAMESPACE))
+    with OperatorTrace(
+        api, NAMESPACE, also=("default",), nodes=tuple(gpu_nodes), stale=stale
+    ) as live:
         _start(backend, live)
         _before(core, spec)
         policy = _create_policy(api, core, spec, live)
@@ -245,7 +255,7 @@ def _start(backend: Backend, live: OperatorTrace) -> None:
     same), it builds the manager, sets up both controllers and starts them."""
     say("restart the gpu-operator pod, to see main: ctrl.NewManager -> "
         "NewClusterPolicyReconciler(mgr).SetupWithManager(mgr) -> mgr.Start")  # fmt: skip
-    backend.restart("gpu-operator", namespace=NAMESPACE)
+    backend.restart(OPERATOR, namespace=NAMESPACE)
     live.expect({"NewManager", "SetupWithManager", "Start"}, timeout=30)
     ok("the operator's caches synced and its controllers run; nothing to reconcile yet")
 
@@ -286,9 +296,27 @@ def _create_policy(
         return (policy.get("status") or {}).get("state") == cp.READY and advertised
 
     wait_for(ready, READY_TIMEOUT, f"ClusterPolicy {name} ready and the GPUs advertised", 0.5)
+    # the operator posts its Events in the background: the table and the tick sum them up
+    wait_for(
+        lambda: any(
+            ev.step == "Reconcile" and ev.note.startswith(f"status.state {cp.READY}")
+            for ev in list(live.seen)
+        ),
+        30,
+        "the operator's Reconcile step saying ready",
+    )
     console.print(live.state_table(name))
+    say(
+        "(the chapter's order Driver -> Toolkit -> DevicePlugin -> MIG Manager -> DCGM -> GFD -> "
+        "Validator is not v26.7.0's: the table's is, validation right after the toolkit, the "
+        "MIG manager after GFD; every pass walks all states, none waits for the one before)"
+    )
     ok(f"ClusterPolicy {name}: status.state ready; "
        + ", ".join(f"{n} advertises {GPU}: {v}" for n, v in want.items()))  # fmt: skip
+    say("(the chapter: a node is usable only when all components are Ready. Here the GPUs "
+        "entered allocatable at the device plugin's Register, once its init container saw the "
+        "validator's toolkit-ready marker; dcgm-exporter, GFD and the MIG manager are not "
+        "waited for)")  # fmt: skip
     return name
 
 

@@ -347,9 +347,10 @@ class ClusterPolicyReconciler:
         if self._last.get(state) == status:
             return
         self._last[state] = status
+        why = self.ctrl.why.get(state)  # a DaemonSet's readiness changes with its nodes
         self.tracer.step(
-            "step", policy_ref(self.ctrl.singleton), f"{state}: {status}", state=state,
-            status=status,
+            "step", policy_ref(self.ctrl.singleton),
+            f"{state}: {status}" + (f" ({why})" if why else ""), state=state, status=status,
         )  # fmt: skip
 
     def _ignore(self, instance: Obj, active: Obj) -> None:

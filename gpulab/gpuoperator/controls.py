@@ -91,6 +91,23 @@ def daemonset_ready(ds: Mapping[str, Any]) -> str:
     return api.READY if updated and status.get("numberReady", 0) == desired else api.NOT_READY
 
 
+def daemonset_why(ds: Mapping[str, Any]) -> str:
+    """Why ``daemonset_ready`` said what it said, for the trace (empty when every pod is
+    there): a DaemonSet whose nodeSelector matches no node yet is ready - and turns
+    notReady once a node gets the label, until its pod runs."""
+    status = ds.get("status") or {}
+    name = (ds.get("metadata") or {}).get("name")
+    desired = status.get("desiredNumberScheduled", 0)
+    if desired == 0:
+        return f"DaemonSet {name}: no node selected yet, nothing to wait for"
+    unavailable = status.get("numberUnavailable", 0)
+    if unavailable:
+        return f"DaemonSet {name}: {unavailable} of {desired} pod(s) not available yet"
+    if daemonset_ready(ds) != api.READY:
+        return f"DaemonSet {name}: {status.get('updatedNumberScheduled', 0)}/{desired} updated"
+    return ""
+
+
 def _hash(obj: Mapping[str, Any] | None) -> str | None:
     return (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(
         render.HASH_ANNOTATION
@@ -144,6 +161,8 @@ def object_control(
         if current is None:
             cluster.create(kind, obj)
             observe("created", kind, obj)
+            if kind == "DaemonSet":
+                n.why[n.state] = f"DaemonSet {name} created"
             return api.NOT_READY if kind == "DaemonSet" else api.READY
         if _hash(current) != _hash(obj) and kind != "ServiceAccount":
             meta["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
@@ -151,8 +170,13 @@ def object_control(
                 obj["spec"]["clusterIP"] = (current.get("spec") or {}).get("clusterIP")
             cluster.replace(kind, obj)
             observe("updated", kind, obj)
+            if kind == "DaemonSet":
+                n.why[n.state] = f"DaemonSet {name} updated"
             return api.NOT_READY if kind == "DaemonSet" else api.READY
-        return daemonset_ready(current) if kind == "DaemonSet" else api.READY
+        if kind != "DaemonSet":
+            return api.READY
+        n.why[n.state] = daemonset_why(current)
+        return daemonset_ready(current)
 
     return control
 

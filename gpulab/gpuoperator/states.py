@@ -100,6 +100,8 @@ class ClusterPolicyController:
     controls: list[list[Control]] = field(default_factory=list)
     singleton: Mapping[str, Any] = field(default_factory=dict)
     idx: int = 0
+    # the lab's trace: per state, why its DaemonSet is (not) ready, from its last step
+    why: dict[str, str] = field(default_factory=dict)
     # what init() found on the nodes (discoverGPUNodes)
     has_nfd_labels: bool = False
     has_gpu_nodes: bool = False
@@ -127,6 +129,7 @@ class ClusterPolicyController:
         An exception (an API error) propagates, as upstream's statusError does.
         (Lab: a state the lab ships no objects for is ``disabled`` when its component is,
         else ready.)"""
+        self.why.pop(self.state, None)
         if not self.controls[self.idx]:
             enabled = self.state_enabled()
             self.idx += 1

@@ -206,7 +206,9 @@ class Validator:
             True,
         )
         summary = self._until(self._nvml, "NVML does not answer", self.opts.with_wait)
-        return "", f"container toolkit installed; {summary}"
+        # the toolkit container writes the runtime as it starts: its pod may be reported
+        # Running only after this line
+        return "", f"container toolkit installed (its container wrote {runtime}); {summary}"
 
     def cuda(self) -> tuple[str, str]:
         if self.opts.with_workload:
