@@ -208,6 +208,12 @@ class Narrator:
     def saw(self, step: str, text: str = "") -> bool:
         return any(s == step and text in m for s, m in self.steps)
 
+    def closed(self, step: str, text: str) -> bool:
+        """Whether the session that told ``step`` (with ``text``) has been closed on screen."""
+        steps = list(self.steps)
+        at = next((i for i, (s, m) in enumerate(steps) if s == step and text in m), None)
+        return at is not None and any(s == "CloseSession" for s, _ in steps[at + 1 :])
+
 
 def _lines(log: Any) -> Iterator[str]:
     pending = b""
@@ -279,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         )
         ok(f"b-gang is Inqueue and none of its 4 pods is bound: {seen}")
         wait_for(lambda: vc.bound(TEAM_B, "b-gang") == 4, 90, "b-gang's 4 pods to be bound")
-        wait_for(lambda: narrator.saw("allocate", "4 task(s)"), 20, "the allocate line for b-gang")
+        wait_for(lambda: narrator.closed("allocate", "4 task(s)"), 20, "b-gang's session to close")
         ok("reclaim evicted team-a's tasks over its share; b-gang's 4 pods bound in one session")
         say(
             "(the chapter says gang checks resources in the predicate phase; v1.15.1's gang "
@@ -312,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"team-c submits c-probe: one task with no requests (BestEffort) in {QUEUE_C}")
         vc.create_job(TEAM_C, c_probe())
         wait_for(lambda: vc.bound(TEAM_C, "c-probe") == 1, 60, "c-probe's pod to be bound")
-        wait_for(lambda: narrator.saw("backfill", "c-probe"), 20, "the backfill line for c-probe")
+        wait_for(lambda: narrator.closed("backfill", "c-probe"), 20, "c-probe's session to close")
         ok("allocate skips a task without requests; backfill placed c-probe")
         _expect(narrator)
         _table(vc)

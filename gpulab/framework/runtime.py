@@ -101,6 +101,9 @@ class PluginResults:
     filter: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> plugin -> result
     post_filter: dict[str, str] = field(default_factory=dict)
     score: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> plugin -> final
+    # (node, note): how a plugin reached a node's score, told as Score steps after the
+    # Filter step (scoring runs before the scheduler traces Filter)
+    score_notes: list[tuple[str, str]] = field(default_factory=list)
     reserve: dict[str, str] = field(default_factory=dict)
     permit: dict[str, str] = field(default_factory=dict)
     pre_bind: dict[str, str] = field(default_factory=dict)

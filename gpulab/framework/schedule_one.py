@@ -514,6 +514,8 @@ class Scheduler:
         line = filter_line(feasible, len(snapshot), rejected)
         fwk.trace("Filter", pod, line, warning=not feasible, results=results.filter)
         if result is not None and results.score:
+            for node, note in sorted(results.score_notes):
+                fwk.trace("Score", pod, note, node=node)
             line = score_line(result.suggested_host, results.score)
             fwk.trace("Score", pod, line, results=results.score)
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 from conftest import Cluster, run_demo_from_stopped, running_cluster
+from golden import assert_shape
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -673,5 +674,6 @@ def test_disabling_the_device_plugin_deletes_it_and_the_gpus_leave_allocatable(
 @pytest.mark.local_backend
 def test_the_demo_passes_from_a_stopped_cluster(cluster: Cluster) -> None:
     """`gpulab down; make demo-gpu-operator`, on a cluster of the demo's shape (last: it
-    replaces this module's cluster)."""
-    run_demo_from_stopped(SPEC, demo.run)
+    replaces this module's cluster); the chapter's steps in their order
+    (tests/e2e/golden/gpu-operator.yaml)."""
+    assert_shape("gpu-operator", run_demo_from_stopped(SPEC, demo.run))

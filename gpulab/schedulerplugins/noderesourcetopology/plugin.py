@@ -34,7 +34,7 @@ from gpulab.framework.interface import (
     unschedulable,
 )
 from gpulab.framework.resources import BEST_EFFORT, GUARANTEED, pod_qos
-from gpulab.framework.runtime import Framework, FrameworkError
+from gpulab.framework.runtime import Framework, FrameworkError, results_of
 from gpulab.framework.snapshot import NodeInfo, pod_uid
 from gpulab.informer import resource_version
 from gpulab.schedulerplugins.noderesourcetopology import score
@@ -164,10 +164,12 @@ class TopologyMatch:
             result = score.container_scope_score(pod, numa_nodes, strategy, self.weights)
         else:
             return 0, error(f"unknown topology manager scope {conf.scope!r}")
-        self._trace_score(pod, node.name, nrt, numa_nodes, strategy, result)
+        results_of(state).score_notes.append(
+            (node.name, self._score_note(pod, node.name, nrt, numa_nodes, strategy, result))
+        )
         return result, SUCCESS
 
-    def _trace_score(
+    def _score_note(
         self,
         pod: Obj,
         node: str,
@@ -175,7 +177,7 @@ class TopologyMatch:
         numa_nodes: list[Any],
         strategy: score.Strategy,
         result: int,
-    ) -> None:
+    ) -> str:
         """The lab's trace of one node's Score (upstream logs it at -v=6): the zones read
         from the node's NRT (what is available of what the pod asks), each zone's score
         for the pod's request, the node's score."""
@@ -191,12 +193,9 @@ class TopologyMatch:
         )
         per_zone = score.numa_scores(request, numa_nodes, strategy, self.weights)
         zone_scores = ", ".join(f"node-{numa} {s}" for numa, s in sorted(per_zone.items()))
-        self.handle.trace(
-            "Score",
-            pod,
+        return (
             f"{NAME} on {node}: NRT {node} zones available ({zones}); {self.strategy} per "
-            f"zone {zone_scores}: the lowest non-zero -> {result}/{MAX_NODE_SCORE}",
-            node=node,
+            f"zone {zone_scores}: the lowest non-zero -> {result}/{MAX_NODE_SCORE}"
         )
 
     # ------------------------------------------------------------------ Reserve / PostBind

@@ -1,0 +1,17 @@
+"""`make demo-volcano` from a stopped cluster, on the Volcano chapter's cluster
+(harness/clusters/volcano.yaml: two 8-GPU nodes, the demo's 1:3 shares; volcano-e2e has
+four), with the source chapter's steps in the order the demo must show them
+(tests/e2e/golden/volcano.yaml)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_demo_from_stopped
+from golden import assert_shape
+
+
+@pytest.mark.local_backend
+def test_the_volcano_demo_shows_the_chapter_in_order() -> None:
+    from demos import volcano as demo
+
+    assert_shape("volcano", run_demo_from_stopped("volcano", demo.run))
