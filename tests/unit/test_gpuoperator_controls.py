@@ -194,6 +194,11 @@ def test_every_asset_kind_is_managed() -> None:
     ],
 )  # fmt: skip
 def test_daemonset_ready(status: dict, strategy: str, ready: bool) -> None:
-    ds = {"metadata": {"generation": 3}, "spec": {"updateStrategy": {"type": strategy}},
-          "status": status}  # fmt: skip
+    ds = {"metadata": {"generation": 3, "name": "ds"},
+          "spec": {"updateStrategy": {"type": strategy}}, "status": status}  # fmt: skip
     assert (controls.daemonset_ready(ds) == api.READY) is ready
+    # the trace says why: nothing when every pod is there, a reason otherwise (a ready
+    # DaemonSet with no node selected is why a state goes ready -> notReady -> ready)
+    why = controls.daemonset_why(ds)
+    assert bool(why) is (not ready or status["desiredNumberScheduled"] == 0)
+    assert why == "" or why.startswith("DaemonSet ds: ")

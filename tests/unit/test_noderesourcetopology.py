@@ -10,7 +10,7 @@ from framework_fakes import FakeInformers, framework
 
 from gpulab.framework.interface import SUCCESS, CycleState
 from gpulab.framework.objects import GPU, make_node, make_pod
-from gpulab.framework.runtime import FrameworkError
+from gpulab.framework.runtime import FrameworkError, results_of
 from gpulab.framework.snapshot import NodeInfo
 from gpulab.nodeagent import policy, topology
 from gpulab.schedulerplugins.commands import registry
@@ -228,6 +228,13 @@ def test_plugin_filter_and_score_on_nrt_objects() -> None:
             0
         ]
         == 100
+    )
+    # the trace's note (told after the Filter step): the zones read, each zone's score
+    ((node, note),) = results_of(state).score_notes
+    assert node == "gpu-a100"
+    assert "NRT gpu-a100 zones available (node-0 cpu 32, memory 256Gi, gpu 4;" in note
+    assert note.endswith(
+        "LeastAllocated per zone node-0 51, node-1 51: the lowest non-zero -> 51/100"
     )
 
 

@@ -134,3 +134,21 @@ def test_a_not_ready_node_counts_in_the_total_but_its_taint_keeps_pods_off() -> 
     assert ssn.total_resource.get(GPU) == 16000
     assert cache.phase("big") == apis.PG_INQUEUE
     assert len(cache.binds) == 8 and {node for _, node in cache.binds} == {"gpu-0"}
+
+
+def test_allocate_tells_the_predicates_and_nodeorder_of_a_jobs_first_task() -> None:
+    pg, pods = gang("g", 4, 3)
+    ssn, _ = run(pods, [pg], gpu_nodes(2), [queue("default")], actions=["allocate"])
+    told = {r.step: r.message for r in ssn.records if r.action == "allocate" and r.step}
+    assert told == {
+        "predicates": "g-worker-0: gpu-0 passed, gpu-1 passed",
+        "nodeorder": "g-worker-0: gpu-1=481, gpu-0=481 -> gpu-0 (a tie, broken by name)",
+    }
+    # and a node the task does not fit is named with the predicate's reason
+    big = [task_pod("b", "worker", 0, requests={GPU: 9})]
+    ssn, _ = run(big, [podgroup("b", min_member=1, phase=apis.PG_INQUEUE)], gpu_nodes(2),
+                 [queue("default")], actions=["allocate"])  # fmt: skip
+    (predicates,) = [r.message for r in ssn.records if r.step == "predicates"]
+    assert predicates == (
+        "b-worker-0: gpu-0 Insufficient nvidia.com/gpu, gpu-1 Insufficient nvidia.com/gpu"
+    )
