@@ -39,6 +39,7 @@ Not a fix: deleting the pods (their Deployments make the same ones).
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import yaml
@@ -77,6 +78,7 @@ PROFILE = "1g.10gb"
 RESOURCE = f"nvidia.com/mig-{PROFILE}"
 CONFIG = "all-1g.10gb"
 TYPO = "all-1g-10gb"  # the mistake: a dash for the dot
+PLUGIN_SETTLE = 20  # seconds a restarted standalone plugin gets to register its GPUs
 OPERATOR_NS = "gpu-operator"
 POLICY_FILE = MANIFESTS / "gpu-operator/samples/clusterpolicy.yaml"
 # the operator walks its states one reconcile at a time: on a 2-core machine running kind
@@ -181,6 +183,7 @@ class MigLab:
         progress("waiting for the operator's operands and both nodes' 8 whole GPUs")
 
         seen: dict[str, object] = {}
+        restarted = [time.monotonic()]
 
         def whole_gpus() -> bool:
             state = custom.get_cluster_custom_object(
@@ -190,6 +193,17 @@ class MigLab:
             seen["ClusterPolicy state"] = state.get("state")
             seen.update({f"{n.metadata.name} whole GPUs": _whole(n) for n in nodes})
             seen["mig.strategy"] = (nodes[0].metadata.labels or {}).get("nvidia.com/mig.strategy")
+            if (
+                state.get("state") == cp.READY
+                and not _whole(nodes[1])
+                and _state(core, NODE_B) == "success"
+                and time.monotonic() - restarted[0] > PLUGIN_SETTLE
+            ):
+                # the standalone plugin reads NVML once, at its start: if it started before
+                # the driver put NODE_B's GPUs back whole (a cluster brought up again keeps
+                # the last run's MIG layout until then), it lists MIG devices: start it again
+                _restart_standalone(api)
+                restarted[0] = time.monotonic()
             return (
                 state.get("state") == cp.READY
                 and all(_whole(n) for n in nodes)
@@ -320,6 +334,11 @@ def _standalone_fresh(api: client.ApiClient, progress: Progress) -> None:
         progress(f"reset {NODE_B}'s device plugin")
         unselect = {"spec": {"template": {"spec": {"nodeSelector": {CLIENT_LABEL: None}}}}}
         apps.patch_namespaced_daemon_set(STANDALONE, SYSTEM_NAMESPACE, unselect)
+    _restart_standalone(api)
+
+
+def _restart_standalone(api: client.ApiClient) -> None:
+    """Delete the standalone plugin's pod on NODE_B: its DaemonSet starts it again."""
     client.CoreV1Api(api).delete_collection_namespaced_pod(
         SYSTEM_NAMESPACE,
         label_selector=f"app.kubernetes.io/name={STANDALONE}",
