@@ -158,7 +158,10 @@ class Narrator:
         for inf in self._informers:
             inf.stop()
         for log in self._logs:
+            # shutdown, not only release_conn: a follower blocked reading the stream holds
+            # the TLS socket, and closing it at interpreter exit would wait for that read
             with contextlib.suppress(Exception):
+                log.shutdown()
                 log.release_conn()
 
     def _event(self, obj: Obj) -> None:
@@ -166,8 +169,16 @@ class Narrator:
         self.events.append(ev)
         if not ev.regarding.startswith(("Job ", "PodGroup ")) or ev.step in TOLD_BY_SESSION:
             return  # per-pod Events and the scheduler's decisions: the session lines tell them
-        width = None if NARRATION.verbose or not console.is_terminal else console.width - 4
-        console.print("    " + trace.render_line(ev, width=width))
+        if NARRATION.verbose or not console.is_terminal:
+            console.print("    " + trace.render_line(ev))
+            return
+        # a line whose head alone (a PodGroup's long name) is too wide is cut too
+        console.print(
+            "    " + trace.render_line(ev, width=console.width - 4),
+            soft_wrap=False,
+            no_wrap=True,
+            overflow="ellipsis",
+        )
 
     def _follow(self, app: str, who: str) -> None:
         """Print the component's call-chain lines from its pod's log, from its start."""
@@ -250,8 +261,8 @@ def run(args: argparse.Namespace) -> int:
     vc = VolcanoClient(api)
     chapter(
         "Volcano - sessions, queues and gangs",
-        "vc-scheduler runs one session per second: OpenSession -> enqueue -> allocate -> "
-        "backfill -> reclaim -> CloseSession.\nThree queues share two 8-GPU nodes: "
+        "vc-scheduler runs one session per second: OpenSession -> enqueue -> allocate ->\n"
+        "backfill -> reclaim -> CloseSession. Three queues share two 8-GPU nodes:\n"
         f"{QUEUE_A} (weight 1), {QUEUE_B} (weight 3), {QUEUE_C} (capability 4 GPUs).",
     )
     for ns in (TEAM_A, TEAM_B, TEAM_C):
