@@ -100,6 +100,6 @@ def test_a_mig_reconfiguration_survives_an_outage_and_the_operators_kill(
     for key in killed:
         os.kill(after_outage[key][2], signal.SIGKILL)
     _applied(gcluster, policy, "nvidia.com/gpu", "8")
-    restarts = restarts_since(gcluster.api, after_outage, NS)
+    restarts = restarts_since(gcluster.api, after_outage, NS, killed)
     assert {key: restarts[key] for key in killed} == dict.fromkeys(killed, 1), restarts
     assert all(n <= 1 for n in restarts.values()), restarts
