@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -27,7 +28,8 @@ Obj = Mapping[str, Any]
 
 
 class BindError(UserError):
-    """The API server refused the Binding; the message says why."""
+    """The Binding was refused or never answered (``status`` None: the API server could
+    not be reached or did not answer in time); the message says why."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -80,6 +82,11 @@ class KubeBinder:
                 f"{_reason(exc)}",
                 exc.status,
             ) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            # an API server that is down or stalled (its etcd frozen): the caller must
+            # forget the bind it assumed, as client-go's error return makes upstream do;
+            # the pod watch shows whether the Binding landed after all
+            raise BindError(f"binding {meta['namespace']}/{meta['name']} to {node}: {exc}") from exc
 
 
 def _reason(exc: ApiException) -> str:

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -372,6 +373,8 @@ class SchedulerCache:
         except ApiException as exc:
             if exc.status != 404:
                 _log.warning("pod %s/%s condition: %s", meta["namespace"], meta["name"], exc.reason)
+        except urllib3.exceptions.HTTPError as exc:  # the next session writes it again
+            _log.warning("pod %s/%s condition: %s", meta["namespace"], meta["name"], exc)
 
     def _update_queue_status(self, queue: QueueInfo, allocated: dict[str, str]) -> None:
         # a merge patch sets the keys given; a resource gone to zero must be removed
