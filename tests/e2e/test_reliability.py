@@ -293,7 +293,12 @@ def components(
     for ns in namespaces:
         for pod in core.list_namespaced_pod(ns).items:
             meta = pod.metadata
-            app = (meta.labels or {}).get("app.kubernetes.io/name") or meta.name
+            labels, owners = meta.labels or {}, meta.owner_references or []
+            app = (
+                labels.get("app.kubernetes.io/name")
+                or labels.get("app")
+                or (owners[0].name if owners else meta.name)
+            )
             for status in pod.status.container_statuses or []:
                 cid = status.container_id or ""
                 if cid.startswith("gpulab://"):
@@ -311,31 +316,42 @@ def restarts_since(
 ) -> dict[str, int]:
     """Per component container, how often it restarted since ``before`` (a replaced pod
     counts once), once every container is Ready and each of ``killed`` has restarted."""
+    waiting = [""]
 
     def counted() -> dict[str, int] | None:
-        now = _all_ready(api, namespaces)
-        if now is None or not before.keys() <= now.keys():
-            return None
+        unready = _unready(api, namespaces)
+        now = components(api, namespaces)
         out = {}
         for key, (uid, restarts, _pid) in before.items():
+            if key not in now:
+                waiting[0] = f"{key} has no running container"
+                return None
             uid2, restarts2, _ = now[key]
             out[key] = 1 if uid2 != uid else restarts2 - restarts
-        return out if all(out[key] for key in killed) else None
+        if unready or not all(out[key] for key in killed):
+            waiting[0] = f"not Ready: {unready}; restarts: {out}"
+            return None
+        return out
 
-    return wait_for(counted, 120, "every component Ready again")
+    try:
+        return wait_for(counted, 120, "every component Ready again")
+    except WaitTimeout:
+        pytest.fail(f"components not back after 120 s: {waiting[0]}")
 
 
-def _all_ready(
-    api: client.ApiClient, namespaces: tuple[str, ...]
-) -> dict[str, tuple[str, int, int]] | None:
+def _unready(api: client.ApiClient, namespaces: tuple[str, ...]) -> list[str]:
     core = client.CoreV1Api(api)
-    for ns in namespaces:
-        for pod in core.list_namespaced_pod(ns).items:
-            if pod.status.phase in ("Succeeded",):
-                continue
-            if not all(c.ready for c in pod.status.container_statuses or [None]):
-                return None
-    return components(api, namespaces)
+    return [
+        f"{ns}/{pod.metadata.name}"
+        for ns in namespaces
+        for pod in core.list_namespaced_pod(ns).items
+        if pod.status.phase != "Succeeded" and not _ready(pod)
+    ]
+
+
+def _ready(pod: client.V1Pod) -> bool:
+    statuses = pod.status.container_statuses or []
+    return bool(statuses) and all(c.ready for c in statuses)
 
 
 def settle(w: Work) -> None:

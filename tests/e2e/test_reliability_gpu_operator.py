@@ -19,7 +19,7 @@ from test_reliability import FREEZE_SECONDS, components, frozen, restarts_since
 
 from gpulab.gpuoperator import api as cp
 from gpulab.gpuoperator import nodelabels as nl
-from gpulab.wait import wait_for
+from gpulab.wait import WaitTimeout, wait_for
 from harness.apply import MANIFESTS
 
 SPEC = "reliability-gpuop-e2e"
@@ -62,16 +62,20 @@ def _reconfigure(c: Cluster, config: str) -> None:
 
 
 def _applied(c: Cluster, policy: str, resource: str, count: str) -> None:
-    wait_for(
-        lambda: (
-            _labels(c).get(nl.MIG_CONFIG_STATE_LABEL) == "success"
-            and _allocatable(c).get(resource) == count
-            and _policy_state(c, policy) == cp.READY
-        ),
-        180,
-        f"{resource}={count} advertised and the ClusterPolicy ready",
-        0.5,
-    )
+    seen: list[tuple[str | None, str | None, str | None]] = [(None, None, None)]
+
+    def applied() -> bool:
+        seen[0] = (
+            _labels(c).get(nl.MIG_CONFIG_STATE_LABEL),
+            _allocatable(c).get(resource),
+            _policy_state(c, policy),
+        )
+        return seen[0] == ("success", count, cp.READY)
+
+    try:
+        wait_for(applied, 180, f"{resource}={count} advertised", 0.5)
+    except WaitTimeout:
+        pytest.fail(f"(mig.config.state, {resource}, ClusterPolicy state) stayed {seen[0]}")
 
 
 def test_a_mig_reconfiguration_survives_an_outage_and_the_operators_kill(
