@@ -11,9 +11,12 @@ two protocols in memory for tests. Objects are the JSON dicts the API server ser
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any, NoReturn, Protocol
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -79,7 +82,7 @@ class Watched(Protocol):
     quota_handlers: Handlers
 
 
-def _raise(exc: ApiException, what: str) -> None:
+def _raise(exc: ApiException, what: str) -> NoReturn:
     if exc.status == 404:
         raise NotFound(f"{what} not found") from exc
     if exc.status == 409:
@@ -104,23 +107,17 @@ class KubeCluster:
         self.core = client.CoreV1Api(api)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
+        with _api_call(f"pod {namespace}/{name}"):
             return _body(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
-        except ApiException as exc:
-            _raise(exc, f"pod {namespace}/{name}")
-            raise
 
     def get_node(self, name: str) -> dict[str, Any]:
-        try:
+        with _api_call(f"node {name}"):
             return _body(self.core.read_node(name, _preload_content=False))
-        except ApiException as exc:
-            _raise(exc, f"node {name}")
-            raise
 
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> None:
-        try:
+        with _api_call(f"pod {namespace}/{name}"):
             drain(
                 self.core.patch_namespaced_pod(
                     name,
@@ -130,8 +127,6 @@ class KubeCluster:
                     _preload_content=False,
                 )
             )
-        except ApiException as exc:
-            _raise(exc, f"pod {namespace}/{name}")
 
     def patch_node_annotations(
         self, name: str, annotations: dict[str, str | None], resource_version: str | None = None
@@ -141,14 +136,12 @@ class KubeCluster:
             # A merge patch carrying resourceVersion is a compare-and-swap: the API
             # server answers 409 if the node changed, as HAMi's nodelock relies on.
             meta["resourceVersion"] = resource_version
-        try:
+        with _api_call(f"node {name}"):
             drain(
                 self.core.patch_node(
                     name, {"metadata": meta}, _content_type=_MERGE_PATCH, _preload_content=False
                 )
             )
-        except ApiException as exc:
-            _raise(exc, f"node {name}")
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
         body = {
@@ -157,20 +150,28 @@ class KubeCluster:
             "metadata": {"name": name, **({"uid": uid} if uid else {})},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        try:
+        with _api_call(f"binding of pod {namespace}/{name}"):
             drain(self.core.create_namespaced_binding(namespace, body, _preload_content=False))
-        except ApiException as exc:
-            _raise(exc, f"binding of pod {namespace}/{name}")
 
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
-        try:
+        with _api_call(f"pods on node {node}"):
             resp = self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node}", _preload_content=False
             )
-        except ApiException as exc:
-            _raise(exc, f"pods on node {node}")
-            raise
-        return list(_body(resp).get("items") or [])
+            return list(_body(resp).get("items") or [])
+
+
+@contextlib.contextmanager
+def _api_call(what: str) -> Iterator[None]:
+    """An API call's failures as ClusterError: the API server's answer (ApiException) and
+    no answer at all (refused, reset or cut short while it restarts: urllib3's errors),
+    as client-go returns both as an ``error`` for HAMi to handle."""
+    try:
+        yield
+    except ApiException as exc:
+        _raise(exc, what)
+    except urllib3.exceptions.HTTPError as exc:
+        raise ClusterError(f"{what}: {exc}") from exc
 
 
 class StoreListers:

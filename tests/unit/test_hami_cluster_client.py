@@ -12,8 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from kubernetes import client
 
-from gpulab.hami.cluster import KubeCluster
+from gpulab.hami.cluster import ClusterError, KubeCluster
 from gpulab.kube import CONNECTIONS
+from harness.ports import free_port
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -74,3 +75,46 @@ def test_calls_reuse_one_kept_alive_connection(server: _Server) -> None:
 def test_the_lab_client_keeps_many_connections() -> None:
     # urllib3 opens (and drops) a new connection for each request past its pool size
     assert CONNECTIONS >= 32
+
+
+class _CutShort(_Handler):
+    """Answers with half a body and hangs up: an API server killed mid-answer."""
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        self.wfile.write(b'{"kind": ')
+        self.wfile.flush()
+        self.close_connection = True
+
+    do_GET = do_PATCH = do_POST = _answer
+
+
+def test_an_answer_cut_short_or_no_answer_is_a_cluster_error() -> None:
+    """What HAMi handles as an error (a node lock it could not release, a Bind that did
+    not land) must not escape as urllib3's: the device plugin once answered Allocate
+    with gRPC UNKNOWN when kube-apiserver was killed mid-answer (tests/e2e/
+    test_reliability.py), where HAMi logs the lock error and returns the response."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _CutShort)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{srv.server_address[1]}"
+    cfg.retries = 0
+    cut = KubeCluster(client.ApiClient(cfg))
+    try:
+        with pytest.raises(ClusterError, match="node n: "):
+            cut.get_node("n")
+        with pytest.raises(ClusterError, match="node n: "):
+            cut.patch_node_annotations("n", {"hami.io/mutex.lock": None})
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    down = client.Configuration()
+    down.host = f"http://127.0.0.1:{free_port()}"
+    down.retries = 0
+    with pytest.raises(ClusterError, match="pod ns/p: "):
+        KubeCluster(client.ApiClient(down)).get_pod("ns", "p")
