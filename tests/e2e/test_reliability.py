@@ -7,12 +7,12 @@ next session, HAMi vGPU pods whose Bind takes the node lock — then hurts the c
 while it is in flight, starts more work afterwards (which only completes if every
 informer resynced), and asserts what must hold however unlucky the timing:
 
-- every Workload admitted exactly once, the ClusterQueue's admitted GPUs never over
-  quota (watched throughout, not sampled at the end);
+- every Workload admitted exactly once (watched throughout), the ClusterQueue's admitted
+  GPUs never over quota at any moment (from the Workloads' own condition times);
 - every gang whole in the end, no pod ever bound to two nodes;
 - no GPU given to two running pods (the node agent's Allocate record per pod, HAMi's
   per-GPU memory and share count);
-- no HAMi node lock left held;
+- no HAMi node lock left held past its timeout;
 - every component Ready, restarted only as the test expects.
 """
 
@@ -38,6 +38,7 @@ from demos import kueue as kq
 from gpulab import informer
 from gpulab.framework.objects import GPU, make_pod, manifest
 from gpulab.hami import annotations as ha
+from gpulab.kueue import api as kueue_api
 from gpulab.schedulerplugins import apis as cs
 from gpulab.volcano import apis as va
 from gpulab.volcano import objects as vo
@@ -102,8 +103,7 @@ class Ledger:
 
     nodes: dict[str, set[str]] = field(default_factory=dict)  # pod -> nodes bound to
     admitted: dict[str, int] = field(default_factory=dict)  # workload -> times admitted
-    admitted_now: dict[str, int] = field(default_factory=dict)  # workload -> GPUs
-    peak_usage: int = 0
+    reserved: set[str] = field(default_factory=set)  # workloads holding a reservation
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def pod(self, pod: Obj) -> None:
@@ -115,20 +115,43 @@ class Ledger:
                 self.nodes.setdefault(key, set()).add(node)
 
     def workload(self, wl: Obj) -> None:
+        """Counts each time a Workload gains its quota reservation (a finished one keeps
+        it; an evicted one loses it, and would count again when readmitted)."""
         name = wl["metadata"]["name"]
-        # a finished Workload keeps its admission but no longer its quota
-        admitted = kq.reason(wl, "QuotaReserved") is not None and kq.reason(wl, "Finished") is None
         with self.lock:
-            if admitted and name not in self.admitted_now:
+            if kq.reason(wl, "QuotaReserved") is None:
+                self.reserved.discard(name)
+            elif name not in self.reserved:
+                self.reserved.add(name)
                 self.admitted[name] = self.admitted.get(name, 0) + 1
-                self.admitted_now[name] = _workload_gpus(wl)
-            elif not admitted:
-                self.admitted_now.pop(name, None)
-            self.peak_usage = max(self.peak_usage, sum(self.admitted_now.values()))
 
     def workload_gone(self, wl: Obj) -> None:
         with self.lock:
-            self.admitted_now.pop(wl["metadata"]["name"], None)
+            self.reserved.discard(wl["metadata"]["name"])
+
+
+def peak_usage(workloads: list[Obj]) -> int:
+    """The most GPUs the Workloads held at once, from their own condition times: each
+    holds its quota from QuotaReserved to Finished (Kueue's accounting). Read from the
+    objects, not from a watch, which sees nothing while kube-apiserver is down and then
+    relists in no particular order. At equal seconds a release counts before an
+    admission: Kueue admits into quota that was released."""
+    moments: list[tuple[str, int, int]] = []
+    for wl in workloads:
+        conditions = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
+        reserved = conditions.get("QuotaReserved") or {}
+        if reserved.get("status") != "True":
+            continue
+        gpus = _workload_gpus(wl)
+        moments.append((reserved["lastTransitionTime"], 1, gpus))
+        finished = conditions.get("Finished") or {}
+        if finished.get("status") == "True":
+            moments.append((finished["lastTransitionTime"], 0, -gpus))
+    held = peak = 0
+    for _when, _order, delta in sorted(moments):
+        held += delta
+        peak = max(peak, held)
+    return peak
 
 
 def _workload_gpus(wl: Obj) -> int:
@@ -404,7 +427,11 @@ def settle(w: Work) -> None:
         twice = {wl: n for wl, n in ledger.admitted.items() if n != 1}
         assert not twice, f"Workloads admitted more than once: {twice}"
         assert len(ledger.admitted) == len(w.jobs), ledger.admitted
-        assert 0 < ledger.peak_usage <= QUOTA, f"admitted GPUs peaked at {ledger.peak_usage}"
+        listed = client.CustomObjectsApi(w.api).list_namespaced_custom_object(
+            kueue_api.GROUP, kueue_api.VERSION, w.kueue, "workloads"
+        )
+        peak = peak_usage(listed["items"])
+        assert 0 < peak <= QUOTA, f"admitted GPUs peaked at {peak}"
         moved = {pod: nodes for pod, nodes in ledger.nodes.items() if len(nodes) > 1}
         assert not moved, f"pods bound to two nodes: {moved}"
     _no_gpu_twice(w)
