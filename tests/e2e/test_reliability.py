@@ -89,9 +89,17 @@ def _set_node_lock_timeout(api: client.ApiClient, timeout: str) -> None:
     def rolled_out() -> bool:
         d = apps.read_namespaced_deployment("hami-scheduler", "gpulab-system")
         st = d.status
+        pods = (
+            client.CoreV1Api(api)
+            .list_namespaced_pod(
+                "gpulab-system", label_selector="app.kubernetes.io/name=hami-scheduler"
+            )
+            .items
+        )
         return (
             st.observed_generation == d.metadata.generation
             and st.updated_replicas == st.replicas == st.ready_replicas == 1
+            and len(pods) == 1  # the old pod gone, not only terminating
         )
 
     wait_for(rolled_out, 120, "hami-scheduler rolled out with the short node lock timeout")
@@ -341,23 +349,29 @@ def components(
     api: client.ApiClient, namespaces: tuple[str, ...] = SYSTEM
 ) -> dict[str, tuple[str, int, int]]:
     """Every container the pod runner runs for the lab's components (container IDs
-    ``gpulab://<pid>``): <namespace>/<app>/<node>/<container> -> (pod uid, restarts,
-    pid). Keyed by app and node, not pod name: a replaced pod is the same component."""
+    ``gpulab://<pid>``): <namespace>/<app>[/<node>]/<container> -> (pod uid, restarts,
+    pid). Keyed by app (and node for a DaemonSet), not pod name: a replaced pod is the
+    same component."""
     found = {}
     core = client.CoreV1Api(api)
     for ns in namespaces:
         for pod in core.list_namespaced_pod(ns).items:
             meta = pod.metadata
+            if meta.deletion_timestamp:  # on its way out (a rollout's old pod)
+                continue
             labels, owners = meta.labels or {}, meta.owner_references or []
             app = (
                 labels.get("app.kubernetes.io/name")
                 or labels.get("app")
                 or (owners[0].name if owners else meta.name)
             )
+            # a DaemonSet's pod is its node's; a Deployment's may come back on another
+            daemon = any(o.kind == "DaemonSet" for o in owners)
+            where = f"/{pod.spec.node_name}" if daemon else ""
             for status in pod.status.container_statuses or []:
                 cid = status.container_id or ""
                 if cid.startswith("gpulab://"):
-                    key = f"{ns}/{app}/{pod.spec.node_name}/{status.name}"
+                    key = f"{ns}/{app}{where}/{status.name}"
                     pid = int(cid.removeprefix("gpulab://"))
                     found[key] = (meta.uid, status.restart_count, pid)
     return found
