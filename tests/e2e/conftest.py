@@ -63,9 +63,14 @@ SECONDS = {
     "scheduling-e2e": 113,
     "test_gpu_operator.py": 110,
     "test_volcano_e2e.py": 101,
+    "test_reliability.py": 150,  # measured 2026-12-07, with the GPU Operator module: 187
     "test_lab_mig.py": 89,
+    "test_scheduling_demos.py": 70,
+    "test_kueue_visibility.py": 56,
+    "test_reliability_gpu_operator.py": 45,
     "test_dashboard_browser.py": 72,
     "test_lab_volcano.py": 41,
+    "test_volcano_demo.py": 30,
     "test_device_plugin_demo.py": 30,  # was part of "e2e"
     "test_external_backend.py": 28,
     "test_lifecycle.py": 17,

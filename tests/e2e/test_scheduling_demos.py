@@ -1,6 +1,8 @@
-"""`make demo-coscheduling` and `make demo-numa` from a stopped cluster, each on the
-scheduling chapter's cluster (harness/clusters/scheduling.yaml: the demos' own shape; the
-scheduling-e2e cluster is the four scheduling modules' shared one), with the source
+"""`make demo-coscheduling` and `make demo-numa` from a stopped cluster, each on a copy of
+the scheduling chapter's cluster under its own name and ports
+(harness/clusters/scheduling-demo-e2e.yaml: the demos' own shape, and a trainer's
+workshop cluster is left alone; the scheduling-e2e cluster is the four scheduling
+modules' shared one), with the source
 chapter's steps in the order the demo must show them (tests/e2e/golden/coscheduling.yaml,
 numa.yaml)."""
 
@@ -10,7 +12,7 @@ import pytest
 from conftest import run_demo_from_stopped
 from golden import assert_shape
 
-SPEC = "scheduling"
+SPEC = "scheduling-demo-e2e"
 
 
 @pytest.mark.local_backend

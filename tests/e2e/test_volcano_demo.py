@@ -1,5 +1,6 @@
-"""`make demo-volcano` from a stopped cluster, on the Volcano chapter's cluster
-(harness/clusters/volcano.yaml: two 8-GPU nodes, the demo's 1:3 shares; volcano-e2e has
+"""`make demo-volcano` from a stopped cluster, on a copy of the Volcano chapter's cluster
+under its own name and ports (harness/clusters/volcano-demo-e2e.yaml: two 8-GPU nodes,
+the demo's 1:3 shares, and a trainer's workshop cluster is left alone; volcano-e2e has
 four), with the source chapter's steps in the order the demo must show them
 (tests/e2e/golden/volcano.yaml)."""
 
@@ -14,4 +15,4 @@ from golden import assert_shape
 def test_the_volcano_demo_shows_the_chapter_in_order() -> None:
     from demos import volcano as demo
 
-    assert_shape("volcano", run_demo_from_stopped("volcano", demo.run))
+    assert_shape("volcano", run_demo_from_stopped("volcano-demo-e2e", demo.run))

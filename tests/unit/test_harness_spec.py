@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.errors import HarnessError
 from harness.spec import DEFAULT_PORTS, load, node_object, parse
@@ -84,3 +85,29 @@ def test_shipped_specs_keep_their_ports_apart_and_out_of_the_ephemeral_range() -
             assert port < 32768 - 1000, f"{name}: port {port} is too close to the ephemeral range"
             assert port not in owner, f"{name} and {owner.get(port)} both use port {port}"
             owner[port] = name
+
+
+def test_every_shipped_spec_has_its_own_cluster_name() -> None:
+    """Two specs of one name would stop each other's clusters (each e2e spec is its own,
+    so make test never stops a trainer's workshop cluster)."""
+    from harness.spec import available
+
+    owner: dict[str, str] = {}
+    for name in available():
+        cluster = load(name).name
+        assert cluster not in owner, f"{name} and {owner[cluster]} are both {cluster}"
+        owner[cluster] = name
+
+
+@pytest.mark.parametrize(
+    ("copy", "original"),
+    [("scheduling-demo-e2e", "scheduling"), ("volcano-demo-e2e", "volcano")],
+)
+def test_a_demos_e2e_copy_keeps_the_demos_shape(copy: str, original: str) -> None:
+    from harness.spec import SPEC_DIR
+
+    def shape(name: str) -> dict[str, object]:
+        raw = yaml.safe_load((SPEC_DIR / f"{name}.yaml").read_text())
+        return {k: v for k, v in raw.items() if k not in ("name", "ports")}
+
+    assert shape(copy) == shape(original)
