@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from kubernetes import client
 
@@ -45,6 +45,8 @@ DEFAULT_LIMIT = 1000  # constants.DefaultPendingWorkloadsLimit
 MAX_LIMIT = 100_000  # constants.MaxPendingWorkloadsLimit
 DEFAULT_BIND_PORT = 8082  # configapi.DefaultVisibilityBindPort
 KEEP_ALIVE_SECONDS = 120  # longer than the API server's 90 s idle timeout (see webhook.py)
+MAX_DRAINED_BODY = 1 << 20  # a request body read (and dropped) to keep the connection usable
+INT64 = 1 << 63
 
 Obj = dict[str, Any]
 # (user, groups, extra, verb, group, version, resource, subresource, namespace, name) -> allowed
@@ -130,6 +132,46 @@ def pending_in_local_queue(
     return items
 
 
+def go_quote(text: str) -> str:
+    """Go's strconv.Quote (``%q``), which upstream's messages use for names and values:
+    printable runes as they are, the rest escaped; a byte that was not UTF-8 (decoded with
+    surrogateescape) as ``\\xNN``."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch in "\a\b\f\n\r\t\v":
+            out.append("\\" + "abfnrtv"["\a\b\f\n\r\t\v".index(ch)])
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out) + '"'
+
+
+class BadRequest(ValueError):
+    """A query parameter upstream's parameter codec refuses (HTTP 400)."""
+
+
+def parse_int64(value: str) -> int:
+    """runtime.Convert_Slice_string_To_int64: strconv.ParseInt(value, 10, 64), with its
+    error text. Python's int() would also take spaces, underscores, non-ASCII digits and
+    refuse more than 4,300 digits with its own text."""
+    digits = value[1:] if value[:1] in ("+", "-") else value
+    if not digits or not all("0" <= c <= "9" for c in digits):
+        raise BadRequest(f"strconv.ParseInt: parsing {go_quote(value)}: invalid syntax")
+    if len(digits.lstrip("0")) > 19 or not -INT64 <= int(value) < INT64:
+        raise BadRequest(f"strconv.ParseInt: parsing {go_quote(value)}: value out of range")
+    return int(value)
+
+
 def _status(code: int, reason: str, message: str) -> Obj:
     return {
         "kind": "Status",
@@ -202,7 +244,8 @@ def handle(
 ) -> tuple[int, Obj]:
     """The visibility API's answer (status code, JSON body) to one request."""
     parts = urlsplit(url)
-    path = parts.path.rstrip("/") or "/"
+    # Go serves URL.Path, the decoded path: a name's %-escapes are its characters
+    path = unquote(parts.path, errors="surrogateescape").rstrip("/") or "/"
     if method != "GET":
         return 405, _status(405, "MethodNotAllowed", f"{method} is not supported")
     found = discovery(path)
@@ -223,28 +266,29 @@ def handle(
     }
     if not authorize(request.user, request.groups, request.extra, attrs):
         message = (
-            f'{resource}.{GROUP} "{name}" is forbidden: User "{request.user}" cannot get '
-            f'resource "{resource}/pendingworkloads" in API group "{GROUP}"'
-            + (f' in the namespace "{ns}"' if ns else " at the cluster scope")
+            f"{resource}.{GROUP} {go_quote(name)} is forbidden: User {go_quote(request.user)} "
+            f'cannot get resource "{resource}/pendingworkloads" in API group "{GROUP}"'
+            + (f" in the namespace {go_quote(ns)}" if ns else " at the cluster scope")
         )
         return 403, _status(403, "Forbidden", message)
-    query = parse_qs(parts.query)
+    # url.Values keeps a blank value ("limit=" is ParseInt(""), refused); the first wins
+    query = parse_qs(parts.query, keep_blank_values=True, errors="surrogateescape")
     try:
-        limit = int(query.get("limit", [DEFAULT_LIMIT])[0]) or DEFAULT_LIMIT
-        offset = int(query.get("offset", [0])[0])
-    except ValueError as exc:
+        limit = parse_int64(query.get("limit", ["0"])[0]) or DEFAULT_LIMIT  # SetDefaults
+        offset = parse_int64(query.get("offset", ["0"])[0])
+    except BadRequest as exc:
         return 400, _status(400, "BadRequest", str(exc))
-    singular = resource[:-1]
+    not_found = f"{resource[:-1]}.{GROUP} {go_quote(name)} not found"  # errors.NewNotFound
     if resource == "clusterqueues":
         snapshot = queues.pending_workloads_info(name)
         if snapshot is None:
-            return 404, _status(404, "NotFound", f'{singular}.{GROUP} "{name}" not found')
+            return 404, _status(404, "NotFound", not_found)
         items = pending_in_cluster_queue(snapshot, limit, offset)
     else:
         cq = queues.cluster_queue_for(ns, name)
         snapshot = queues.pending_workloads_info(cq) if cq is not None else None
         if cq is None:
-            return 404, _status(404, "NotFound", f'{singular}.{GROUP} "{name}" not found')
+            return 404, _status(404, "NotFound", not_found)
         items = pending_in_local_queue(snapshot or [], ns, name, limit, offset)
     return 200, _summary(match["version"], items)
 
@@ -310,14 +354,50 @@ def serve_in_thread(
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = KEEP_ALIVE_SECONDS
+        # headers and body go out in two writes: with Nagle's algorithm the body waits for
+        # the client's delayed ACK of the headers, 40 ms per answer on a kept-alive connection
+        disable_nagle_algorithm = True
 
+        # every method gets a Status, as kube-apiserver's handler chain answers it:
+        # http.server's own answer to a method without a do_ method is a 501 in HTML
         def do_GET(self) -> None:
             self._answer("GET")
+
+        def do_HEAD(self) -> None:
+            self._answer("HEAD")
+
+        def do_POST(self) -> None:
+            self._answer("POST")
+
+        def do_PUT(self) -> None:
+            self._answer("PUT")
+
+        def do_PATCH(self) -> None:
+            self._answer("PATCH")
+
+        def do_DELETE(self) -> None:
+            self._answer("DELETE")
+
+        def do_OPTIONS(self) -> None:
+            self._answer("OPTIONS")
 
         def log_message(self, format: str, *args: Any) -> None:
             _log.debug(format, *args)
 
+        def _drain(self) -> None:
+            """Read the request's body, which no route uses: left unread, its bytes would
+            be parsed as the next request on this keep-alive connection."""
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if "Transfer-Encoding" in self.headers or not 0 <= length <= MAX_DRAINED_BODY:
+                self.close_connection = True
+            elif length:
+                self.rfile.read(length)
+
         def _answer(self, method: str) -> None:
+            self._drain()
             identity = self._authenticate()
             if identity is None:
                 code, body = 401, _status(401, "Unauthorized", "Unauthorized")
@@ -331,8 +411,11 @@ def serve_in_thread(
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(data)
+            if method != "HEAD":
+                self.wfile.write(data)
 
         def _authenticate(self) -> Request | None:
             """requestheader authentication: the front proxy's verified certificate,
