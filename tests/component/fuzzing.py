@@ -3,8 +3,9 @@
 ``bodies`` makes seeded hostile bodies from one valid example: random bytes, truncated
 JSON, JSON nested past the decoder's recursion limit (and deep but legal), a wrong type at
 each path of the example in turn, random replace/drop/retype mutations, and one body over
-the endpoint's size limit every 200 rounds. ``queries`` does the same for GET endpoints:
-hostile query strings, paths and methods.
+the endpoint's size limit every 200 rounds. ``requests`` does the same for GET endpoints:
+hostile query strings, paths and methods, and one round in five the endpoint's own hostile
+URLs where it has some.
 
 ``run`` sends them to one endpoint over a real HTTP(S) client and records, per endpoint:
 answers, refusals, 5xx, dropped connections, slow answers, answers outside the protocol,
@@ -80,7 +81,8 @@ class Answer:
 
 # reads one response; raises OutOfProtocol when it is not a protocol answer
 Judge = Callable[[httpx.Response], Answer]
-# an endpoint's own hostile body and the word its refusal must carry (None: any reason)
+# an endpoint's own hostile body (POST) or URL (GET), and the word its refusal must carry
+# (None: any reason, or an answer)
 Extra = Callable[[random.Random], tuple[bytes, str | None]]
 
 
@@ -212,19 +214,27 @@ HOSTILE_QUERIES = [
 METHODS = ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
 
 
-def requests(rng: random.Random, path: str, rounds: int) -> Iterator[tuple[str, str, bytes]]:
-    """Hostile (method, url, body) triples for a GET endpoint."""
+def requests(
+    rng: random.Random, endpoint: Endpoint, rounds: int
+) -> Iterator[tuple[str, str, bytes, str | None]]:
+    """Hostile (method, url, body, word) for a GET endpoint: ``word`` is what the refusal
+    of one of the endpoint's own hostile URLs must say (None: any reason)."""
+    path = endpoint.path
     for i in range(rounds):
+        if endpoint.extra is not None and i % 5 == 4:
+            url, word = endpoint.extra(rng)
+            yield "GET", url.decode(), b"", word
+            continue
         roll = i % 4
         if roll == 0:
-            yield "GET", path + rng.choice(HOSTILE_QUERIES), b""
+            yield "GET", path + rng.choice(HOSTILE_QUERIES), b"", None
         elif roll == 1:
-            yield "GET", path.rstrip("/") + rng.choice(HOSTILE_SUFFIXES), b""
+            yield "GET", path.rstrip("/") + rng.choice(HOSTILE_SUFFIXES), b"", None
         elif roll == 2:
-            yield rng.choice(METHODS), path, bytes(rng.getrandbits(8) for _ in range(64))
+            yield rng.choice(METHODS), path, bytes(rng.getrandbits(8) for _ in range(64)), None
         else:
             junk = "".join(rng.choice("abc%/?&=#;:.~ ") for _ in range(rng.randrange(1, 40)))
-            yield "GET", path + "?" + junk.replace(" ", "%20").replace("#", "%23"), b""
+            yield "GET", path + "?" + junk.replace(" ", "%20").replace("#", "%23"), b"", None
 
 
 # -- runner ---------------------------------------------------------------------------------
@@ -321,11 +331,12 @@ def run(client: httpx.Client, endpoint: Endpoint, rounds: int = ROUNDS, seed: st
                 _record(report, endpoint, resp, body)
         resp = _send(client, report, "POST", endpoint.path, json.dumps(endpoint.example).encode())
     else:
-        for method, url, content in requests(rng, endpoint.path, rounds):
+        for method, url, content, word in requests(rng, endpoint, rounds):
             report.counts[method] += 1
             resp = _send(client, report, method, url, content)
             if resp is not None:
-                _record(report, endpoint, resp, None)
+                named = None if word is None else Body(url.encode(), "extra", word)
+                _record(report, endpoint, resp, named)
         resp = _send(client, report, "GET", endpoint.path, b"")
     try:
         answer = endpoint.judge(resp) if resp is not None else None
