@@ -43,6 +43,9 @@ from google.protobuf.message_factory import GetMessageClass
 
 ROUNDS = int(os.environ.get("GPULAB_FUZZ_ROUNDS", "1000"))
 DEADLINE = 2.0  # seconds for any one answer
+# a gRPC server runs in a process of its own, beside make test's two clusters: one
+# GetPreferredAllocation in 16,000 answers once took 2.0 s there (2026-12-07)
+GRPC_DEADLINE = 5.0
 JUNK: list[Any] = [
     None,
     True,
@@ -667,7 +670,7 @@ def _call(channel: grpc.Channel, method: GrpcMethod, report: Report, content: by
         if method.streaming:
             stream = channel.unary_stream(
                 method.path, response_deserializer=response_cls.FromString
-            )(content, timeout=10 * DEADLINE)
+            )(content, timeout=10 * GRPC_DEADLINE)
             try:
                 response: Any = next(stream)
             finally:
@@ -675,12 +678,12 @@ def _call(channel: grpc.Channel, method: GrpcMethod, report: Report, content: by
         else:
             response = channel.unary_unary(
                 method.path, response_deserializer=response_cls.FromString
-            )(content, timeout=10 * DEADLINE)
+            )(content, timeout=10 * GRPC_DEADLINE)
     except grpc.RpcError as exc:
         response = exc
     took = time.monotonic() - start
     report.slowest = max(report.slowest, took)
-    if took > DEADLINE:
+    if took > GRPC_DEADLINE:
         report.fail("slow", f"{took:.1f}s for {content[:120]!r}")
     if isinstance(response, grpc.Call) and response.code() in (
         grpc.StatusCode.UNAVAILABLE,

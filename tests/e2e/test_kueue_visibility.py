@@ -149,7 +149,16 @@ def test_pending_order_is_admission_order_and_kueuectl(cluster: Cluster) -> None
             "ACTIVE",
             "AGE",
         ]
-        assert any(line.split()[:4] == [cq, "4", "1", "true"] for line in cqs.splitlines())
+        # the counts are the ClusterQueue's status, which the controller writes a moment
+        # after the Workloads change
+        wait_for(
+            lambda: any(
+                line.split()[:4] == [cq, "4", "1", "true"]
+                for line in kubectl_kueue(cluster, "list", "clusterqueue").splitlines()
+            ),
+            30,
+            "kubectl kueue list clusterqueue to show 4 pending, 1 admitted, active",
+        )
 
         # stop/resume a Workload: spec.active, out of the list and back
         low_b = listed[3]["metadata"]["name"]

@@ -136,3 +136,18 @@ def test_the_checker_names_a_missing_step_with_the_lines_around(
     with pytest.raises(AssertionError, match=r"'✔ registered' .* missing") as failed:
         golden.assert_shape("d", OUTPUT.replace("plugin registered", "plugin failed"))
     assert "| ✔ plugin failed" in str(failed.value)
+
+
+def test_a_line_marked_late_shows_its_step_but_does_not_move_the_order_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "toy.yaml").write_text(
+        "demo: toy\nchapter: device-plugin\nsteps:\n"
+        "  - {step: scheduled, seed: '000 §1', live: 'Scheduled'}\n"
+        "  - {step: allocated, seed: '000 §2', live: 'Allocate'}\n"
+        "  - {step: running, seed: '000 §3', live: 'Running'}\n"
+    )
+    monkeypatch.setattr(golden, "GOLDEN", tmp_path)
+    golden.assert_shape("toy", "Scheduled\nRunning\nAllocate x (late)\n")
+    with pytest.raises(AssertionError, match=r"'running'.*out of order"):
+        golden.assert_shape("toy", "Scheduled\nRunning\nAllocate x\n")
