@@ -192,3 +192,6 @@ def test_pending_order_is_admission_order_and_kueuectl(cluster: Cluster) -> None
 
         wait_for(next_admitted, 60, "every pending Workload admitted", interval=0.2)
         assert admitted == [w["metadata"]["name"] for w in listed]
+        # the Jobs go first: their controller would create again the pods the namespace's
+        # clean-up deletes
+        batch.delete_collection_namespaced_job(ns, propagation_policy="Background")
