@@ -9,7 +9,7 @@ The gangs use the two T4 nodes (4 GPUs each): a gang of 4 workers x 2 GPUs fills
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -128,7 +128,7 @@ def test_gang_waits_at_permit_times_out_whole_then_binds_whole(cluster: Cluster,
         )
         # a node frees up: all four bind at once
         client.CoreV1Api(api).delete_namespaced_pod("blocker", ns, grace_period_seconds=0)
-        wait_for(lambda: watch.count("train") == 4, 60, "all 4 workers bound")
+        wait_gang(api, ns, "train", lambda: watch.count("train") == 4)
         watch.assert_never_partial()
     pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
         apis.GROUP, apis.VERSION, ns, apis.PODGROUPS.plural, "train"
@@ -189,23 +189,30 @@ def test_two_gangs_that_fit_only_alone_do_not_deadlock(cluster: Cluster, ns: str
             wait_for(lambda: watch.count(second) > 0, 5, f"a pod of gang {second} bound")
         for i in range(4):
             core.delete_namespaced_pod(f"{first}-{i}", ns, grace_period_seconds=0)
-        try:
-            wait_for(lambda: watch.count(second) == 4, 20, f"gang {second} bound whole")
-        except WaitTimeout:
-            # every worker of the second gang was last rejected by Coscheduling (its Permit
-            # timeout): a pod's deletion is no event Coscheduling registers, so upstream
-            # too leaves them in unschedulablePods until podMaxInUnschedulablePodsDuration
-            # (5 min). A PodGroup update is one (demos/coscheduling.py wake_if_stuck).
-            client.CustomObjectsApi(api).patch_namespaced_custom_object(
-                apis.GROUP,
-                apis.VERSION,
-                ns,
-                apis.PODGROUPS.plural,
-                second,
-                {"metadata": {"annotations": {"test.gpulab.io/nudge": str(time.time())}}},
-            )
-            wait_for(lambda: watch.count(second) == 4, 60, f"gang {second} bound whole")
+        wait_gang(api, ns, second, lambda: watch.count(second) == 4)
         watch.assert_never_partial()
+
+
+def wait_gang(api: client.ApiClient, ns: str, group: str, whole: Callable[[], bool]) -> None:
+    """Wait for ``group`` to bind whole now that its GPUs are free. If every worker was last
+    rejected by Coscheduling (its Permit timeout), a pod's deletion is no event Coscheduling
+    registers, so upstream too leaves them in unschedulablePods until
+    podMaxInUnschedulablePodsDuration (5 min). A PodGroup update is one
+    (demos/coscheduling.py wake_if_stuck says so on screen)."""
+    try:
+        wait_for(whole, 20, f"gang {group} bound whole")
+        return
+    except WaitTimeout:
+        pass
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        apis.GROUP,
+        apis.VERSION,
+        ns,
+        apis.PODGROUPS.plural,
+        group,
+        {"metadata": {"annotations": {"test.gpulab.io/nudge": str(time.time())}}},
+    )
+    wait_for(whole, 60, f"gang {group} bound whole")
 
 
 def test_bad_input_is_refused_or_reported_and_scheduling_goes_on(cluster: Cluster, ns: str) -> None:
